@@ -1,0 +1,614 @@
+// engine.c - batched multi-LoRA transformer forward (paged inference / packed training),
+// backward, and the CE and RL losses.
+#include "common/engine/engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// Per-layer activations. In inference all layers share one set and the residual stream is
+// updated in place (x_in == x_mid == x_out); in training each layer has its own set so the
+// backward pass can read them.
+typedef struct {
+    float *x_in;    // (N, D) residual stream entering the layer
+    float *xn1;     // (N, D) rmsnorm(x_in)
+    float *rstd1;   // (N)
+    float *q;       // (N, H*hd) after RoPE
+    float *k;       // (N, KV*hd) after RoPE
+    float *v;       // (N, KV*hd)
+    float *att;     // (N, H*hd) attention output
+    float *lse;     // (N, H) training only
+    float *x_mid;   // (N, D) x_in + attention block
+    float *xn2;     // (N, D)
+    float *rstd2;   // (N)
+    float *g;       // (N, F) gate pre-activation
+    float *u;       // (N, F)
+    float *h;       // (N, F) silu(g) * u
+    float *T[LORA_N_TARGETS];   // (N, R) LoRA shrink outputs, training only
+} acts_t;
+
+// A growable backend buffer.
+typedef struct {
+    float *p;
+    size_t cap;   // floats
+} buf_t;
+
+struct engine {
+    model_t *m;
+    lora_pool_t *pool;
+    const kernels_t *k;
+    lora_plan_t plan;
+    // Host-side per-call index arrays.
+    int *order, *row_slot, *row_seq, *seq_row0, *tab_seq;
+    int32_t *tok, *pos, *lrow, *ltgt;
+    const int **tables;
+    float *lw, *lbuf;
+    size_t idx_cap;
+    buf_t act, scratch, logits, grad;
+};
+
+static float *buf_get(const kernels_t *k, buf_t *b, size_t n) {
+    if (n > b->cap) {
+        k->free(b->p);
+        b->cap = n + n / 4;
+        b->p = k->alloc(b->cap * sizeof(float));
+    }
+    return b->p;
+}
+
+engine_t *engine_new(model_t *model, lora_pool_t *pool, char *err) {
+    if (!model || !pool) {
+        err_set(err, "engine_new: model and adapter pool are required");
+        return NULL;
+    }
+    engine_t *e = xcalloc(1, sizeof *e);
+    e->m = model;
+    e->pool = pool;
+    e->k = model->k;
+    return e;
+}
+
+void engine_destroy(engine_t **pe) {
+    if (!pe || !*pe) return;
+    engine_t *e = *pe;
+    lora_plan_free(&e->plan);
+    free(e->order), free(e->row_slot), free(e->row_seq), free(e->seq_row0), free(e->tab_seq);
+    free(e->tok), free(e->pos), free(e->lrow), free(e->ltgt), free(e->tables), free(e->lw), free(e->lbuf);
+    e->k->free(e->act.p), e->k->free(e->scratch.p), e->k->free(e->logits.p), e->k->free(e->grad.p);
+    free(e);
+    *pe = NULL;
+}
+
+model_t *engine_model(engine_t *e) { return e->m; }
+lora_pool_t *engine_pool(engine_t *e) { return e->pool; }
+
+// Grows the host index arrays to hold n rows / sequences.
+static void ensure_idx(engine_t *e, size_t n) {
+    if (n <= e->idx_cap) return;
+    size_t c = n + n / 2 + 16;
+    e->order = xrealloc(e->order, c * sizeof(int));
+    e->row_slot = xrealloc(e->row_slot, c * sizeof(int));
+    e->row_seq = xrealloc(e->row_seq, c * sizeof(int));
+    e->seq_row0 = xrealloc(e->seq_row0, c * sizeof(int));
+    e->tab_seq = xrealloc(e->tab_seq, c * sizeof(int));
+    e->tok = xrealloc(e->tok, c * sizeof(int32_t));
+    e->pos = xrealloc(e->pos, c * sizeof(int32_t));
+    e->lrow = xrealloc(e->lrow, c * sizeof(int32_t));
+    e->ltgt = xrealloc(e->ltgt, c * sizeof(int32_t));
+    e->tables = xrealloc(e->tables, c * sizeof(int *));
+    e->lw = xrealloc(e->lw, c * sizeof(float));
+    e->lbuf = xrealloc(e->lbuf, c * 4 * sizeof(float));
+    e->idx_cap = c;
+}
+
+// Stable order of sequences by slot (-1 first), so each slot's rows end up contiguous.
+static void order_by_slot(int *order, const int *slot_of, int n) {
+    int k = 0;
+    // Insertion sort keeps it stable; batches are at most a few thousand sequences and
+    // usually arrive nearly grouped.
+    for (int i = 0; i < n; i++) {
+        int j = k++;
+        while (j > 0 && slot_of[order[j - 1]] > slot_of[i]) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
+}
+
+// --- shared layer pieces -------------------------------------------------------------------------
+
+// Y (N, out) = [beta*Y +] X W^T (+ b) + LoRA(target t)
+static void linear(engine_t *e, int l, lora_target_t t, const float *X, int in, float *Y, int out, const float *W,
+                   const float *b, float beta, float *T, float *scratch, int N) {
+    const kernels_t *k = e->k;
+    k->gemm(false, true, N, out, in, 1.0f, X, in, W + (size_t)l * out * in, in, beta, Y, out);
+    if (b) k->add_bias(Y, b + (size_t)l * out, N, out);
+    lora_forward(k, &e->plan, e->pool, l, t, X, in, Y, out, T, scratch);
+}
+
+typedef struct {
+    int N;
+    const int32_t *pos;
+    // inference
+    kvcache_t *kc;
+    const kern_paged_attn_t *paged;
+    const int *row_kvseq;   // (N) kv seq of each row
+    // training
+    const kern_packed_attn_t *packed;
+} fwd_ctx_t;
+
+static void layer_forward(engine_t *e, int l, acts_t *a, const fwd_ctx_t *c, float *scratch) {
+    const kernels_t *k = e->k;
+    const hf_config_t *cf = &e->m->cfg;
+    const model_weights_t *w = &e->m->w;
+    int N = c->N, D = cf->hidden_size, F = cf->intermediate_size, H = cf->num_attention_heads, hd = cf->head_dim;
+    int Qd = H * hd, KVd = cf->num_key_value_heads * hd;
+
+    k->rmsnorm(a->xn1, a->rstd1, a->x_in, w->attn_norm + (size_t)l * D, N, D, cf->rms_norm_eps);
+    linear(e, l, LORA_Q, a->xn1, D, a->q, Qd, w->wq, w->bq, 0.0f, a->T[LORA_Q], scratch, N);
+    linear(e, l, LORA_K, a->xn1, D, a->k, KVd, w->wk, w->bk, 0.0f, a->T[LORA_K], scratch, N);
+    linear(e, l, LORA_V, a->xn1, D, a->v, KVd, w->wv, w->bv, 0.0f, a->T[LORA_V], scratch, N);
+    k->rope(a->q, c->pos, N, H, hd, e->m->rope_cos, e->m->rope_sin, false);
+    k->rope(a->k, c->pos, N, cf->num_key_value_heads, hd, e->m->rope_cos, e->m->rope_sin, false);
+    if (c->kc) {
+        for (int i = 0; i < N; i++) {
+            k->copy(kvcache_k(c->kc, c->row_kvseq[i], l, c->pos[i]), a->k + (size_t)i * KVd, KVd * sizeof(float));
+            k->copy(kvcache_v(c->kc, c->row_kvseq[i], l, c->pos[i]), a->v + (size_t)i * KVd, KVd * sizeof(float));
+        }
+        kvcache_view_t v = kvcache_layer_view(c->kc, c->row_kvseq[0], l);
+        kern_paged_attn_t pa = *c->paged;
+        pa.k_base = v.k;
+        pa.v_base = v.v;
+        pa.block_stride = v.block_stride;
+        pa.block_size = v.block_size;
+        k->attn_paged(a->att, a->q, &pa);
+    } else {
+        k->attn_fwd(a->att, a->lse, a->q, a->k, a->v, c->packed);
+    }
+    if (a->x_mid != a->x_in) k->copy(a->x_mid, a->x_in, sizeof(float) * (size_t)N * D);
+    linear(e, l, LORA_O, a->att, Qd, a->x_mid, D, w->wo, NULL, 1.0f, a->T[LORA_O], scratch, N);
+
+    k->rmsnorm(a->xn2, a->rstd2, a->x_mid, w->mlp_norm + (size_t)l * D, N, D, cf->rms_norm_eps);
+    linear(e, l, LORA_GATE, a->xn2, D, a->g, F, w->wg, NULL, 0.0f, a->T[LORA_GATE], scratch, N);
+    linear(e, l, LORA_UP, a->xn2, D, a->u, F, w->wu, NULL, 0.0f, a->T[LORA_UP], scratch, N);
+    k->swiglu(a->h, a->g, a->u, (size_t)N * F);
+    // x_out is the next layer's x_in; the caller points it (in place for inference).
+}
+
+static void layer_forward_down(engine_t *e, int l, acts_t *a, float *x_out, int N, float *scratch) {
+    const hf_config_t *cf = &e->m->cfg;
+    int D = cf->hidden_size, F = cf->intermediate_size;
+    if (x_out != a->x_mid) e->k->copy(x_out, a->x_mid, sizeof(float) * (size_t)N * D);
+    linear(e, l, LORA_DOWN, a->h, F, x_out, D, e->m->w.wd, NULL, 1.0f, a->T[LORA_DOWN], scratch, N);
+}
+
+// --- inference ----------------------------------------------------------------------------------------
+
+int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, float *logits, char *err) {
+    const kernels_t *k = e->k;
+    const hf_config_t *cf = &e->m->cfg;
+    if (n <= 0) return err_set(err, "engine_step: empty batch");
+    int N = 0, need = 0;
+    for (int i = 0; i < n; i++) {
+        const engine_seq_t *s = &seqs[i];
+        if (s->n_tokens < 1 || !s->tokens) return err_set(err, "engine_step: sequence %d has no tokens", i);
+        if (s->slot >= 0 && !lora_pool_get(e->pool, s->slot))
+            return err_set(err, "engine_step: sequence %d uses adapter slot %d, which is empty", i, s->slot);
+        if (s->slot < -1) return err_set(err, "engine_step: sequence %d has invalid slot %d", i, s->slot);
+        int len = kvcache_seq_len(kc, s->kv_seq);
+        if (len + s->n_tokens > cf->max_position_embeddings)
+            return err_set(err, "engine_step: sequence %d would reach position %d; the model supports %d", i,
+                           len + s->n_tokens, cf->max_position_embeddings);
+        for (int t = 0; t < s->n_tokens; t++)
+            if (s->tokens[t] < 0 || s->tokens[t] >= cf->vocab_size)
+                return err_set(err, "engine_step: sequence %d token %d = %d is outside the vocabulary (%d)", i, t,
+                               s->tokens[t], cf->vocab_size);
+        need += kvcache_blocks_needed(kc, s->kv_seq, s->n_tokens);
+        N += s->n_tokens;
+    }
+    if (need > kvcache_free_blocks(kc))
+        return err_set(err, "KV cache full: this step needs %d blocks, %d free", need, kvcache_free_blocks(kc));
+    for (int i = 0; i < n; i++)
+        if (kvcache_reserve(kc, seqs[i].kv_seq, seqs[i].n_tokens, err)) return -1;
+
+    ensure_idx(e, (size_t)(N > n ? N : n));
+    int *slot_of = e->tab_seq;
+    for (int i = 0; i < n; i++) slot_of[i] = seqs[i].slot;
+    order_by_slot(e->order, slot_of, n);
+    int row = 0, max_ctx = 0;
+    for (int j = 0; j < n; j++) {
+        int i = e->order[j];
+        const engine_seq_t *s = &seqs[i];
+        int p0 = kvcache_seq_len(kc, s->kv_seq);
+        e->seq_row0[i] = row;
+        e->tables[j] = kvcache_layer_view(kc, s->kv_seq, 0).table;
+        for (int t = 0; t < s->n_tokens; t++, row++) {
+            e->tok[row] = s->tokens[t];
+            e->pos[row] = p0 + t;
+            e->row_slot[row] = s->slot;
+            e->row_seq[row] = j;      // index into tables
+            e->lrow[row] = s->kv_seq; // kv seq per row
+        }
+        if (p0 + s->n_tokens > max_ctx) max_ctx = p0 + s->n_tokens;
+    }
+    if (lora_plan_build(&e->plan, e->row_slot, N, e->pool, err)) return -1;
+
+    int D = cf->hidden_size, F = cf->intermediate_size, Qd = cf->num_attention_heads * cf->head_dim;
+    int KVd = cf->num_key_value_heads * cf->head_dim, R = e->plan.max_rank;
+    size_t per = (size_t)N * (2 * D + 2 + 2 * Qd + 2 * KVd + 3 * F);
+    float *p = buf_get(k, &e->act, per);
+    acts_t a = {0};
+    a.x_in = a.x_mid = p, p += (size_t)N * D;
+    a.xn1 = a.xn2 = p, p += (size_t)N * D;
+    a.rstd1 = a.rstd2 = p, p += N;
+    p += N;
+    a.q = p, p += (size_t)N * Qd;
+    a.att = p, p += (size_t)N * Qd;
+    a.k = p, p += (size_t)N * KVd;
+    a.v = p, p += (size_t)N * KVd;
+    a.g = p, p += (size_t)N * F;
+    a.u = p, p += (size_t)N * F;
+    a.h = p, p += (size_t)N * F;
+    float *scratch = buf_get(k, &e->scratch, (size_t)N * (R > 0 ? R : 1));
+
+    kern_paged_attn_t pa = {.tables = e->tables, .seq_of = e->row_seq, .pos = e->pos, .n_tokens = N,
+                            .n_heads = cf->num_attention_heads, .n_kv_heads = cf->num_key_value_heads,
+                            .head_dim = cf->head_dim, .max_ctx = max_ctx};
+    fwd_ctx_t c = {.N = N, .pos = e->pos, .kc = kc, .paged = &pa, .row_kvseq = e->lrow};
+    k->embed(a.x_in, e->m->w.embed, e->tok, N, D);
+    for (int l = 0; l < cf->num_hidden_layers; l++) {
+        layer_forward(e, l, &a, &c, scratch);
+        layer_forward_down(e, l, &a, a.x_in, N, scratch);
+    }
+    for (int i = 0; i < n; i++) kvcache_advance(kc, seqs[i].kv_seq, seqs[i].n_tokens);
+
+    // Logits for the wanted rows, in the caller's order: gather, final norm, head GEMM.
+    int M = 0;
+    for (int i = 0; i < n; i++) {
+        const engine_seq_t *s = &seqs[i];
+        if (s->logits == ENGINE_LOGITS_LAST) e->lrow[M++] = e->seq_row0[i] + s->n_tokens - 1;
+        else if (s->logits == ENGINE_LOGITS_ALL)
+            for (int t = 0; t < s->n_tokens; t++) e->lrow[M++] = e->seq_row0[i] + t;
+    }
+    if (M == 0) return 0;
+    float *xg = a.xn1, *xf = a.q;   // free by now; both hold at least N*D floats (Qd >= D not assumed)
+    if (Qd < D) xf = a.g;           // F >= D is not assumed either; fall back to a fresh buffer
+    float *tmp = NULL;
+    if (Qd < D && F < D) xf = tmp = k->alloc(sizeof(float) * (size_t)M * D);
+    for (int r = 0; r < M; r++) k->copy(xg + (size_t)r * D, a.x_in + (size_t)e->lrow[r] * D, sizeof(float) * D);
+    k->rmsnorm(xf, NULL, xg, e->m->w.final_norm, M, D, cf->rms_norm_eps);
+    k->gemm(false, true, M, cf->vocab_size, D, 1.0f, xf, D, e->m->w.lm_head, D, 0.0f, logits, cf->vocab_size);
+    if (tmp) k->free(tmp);
+    return 0;
+}
+
+// --- training -------------------------------------------------------------------------------------------
+
+static size_t layer_floats(const hf_config_t *cf, int N, int R) {
+    int D = cf->hidden_size, F = cf->intermediate_size, H = cf->num_attention_heads;
+    int Qd = H * cf->head_dim, KVd = cf->num_key_value_heads * cf->head_dim;
+    return (size_t)N * (4 * (size_t)D + 2 + 2 * (size_t)Qd + 2 * (size_t)KVd + H + 3 * (size_t)F +
+                        LORA_N_TARGETS * (size_t)R);
+}
+
+static int validate_train(engine_t *e, const engine_train_seq_t *seqs, int n, char *err) {
+    const hf_config_t *cf = &e->m->cfg;
+    if (n <= 0) return err_set(err, "empty training batch");
+    for (int i = 0; i < n; i++) {
+        const engine_train_seq_t *s = &seqs[i];
+        if (!s->tokens || s->len < 1) return err_set(err, "training sequence %d is empty", i);
+        if (s->len > cf->max_position_embeddings)
+            return err_set(err, "training sequence %d has %d tokens; the model supports %d", i, s->len,
+                           cf->max_position_embeddings);
+        if (s->slot < -1 || (s->slot >= 0 && !lora_pool_get(e->pool, s->slot)))
+            return err_set(err, "training sequence %d uses adapter slot %d, which is empty", i, s->slot);
+        for (int t = 0; t < s->len; t++)
+            if (s->tokens[t] < 0 || s->tokens[t] >= cf->vocab_size)
+                return err_set(err, "training sequence %d token %d = %d is outside the vocabulary (%d)", i, t,
+                               s->tokens[t], cf->vocab_size);
+        if (s->weight)
+            for (int t = 1; t < s->len; t++)
+                if (!(s->weight[t] >= 0.0f) || !isfinite(s->weight[t]))
+                    return err_set(err, "training sequence %d: weight[%d] must be finite and >= 0", i, t);
+    }
+    return 0;
+}
+
+typedef struct {
+    int N, L;
+    acts_t *layers;       // (L)
+    float *x_out;         // (N, D) final residual stream
+    float *rstdf;         // (N)
+    float *xf;            // (N, D) final norm output
+    kern_packed_attn_t pk;
+} train_fwd_t;
+
+// Packed forward over full sequences (grouped by slot), keeping every activation.
+static int train_forward(engine_t *e, const engine_train_seq_t *seqs, int n, train_fwd_t *f, char *err) {
+    const kernels_t *k = e->k;
+    const hf_config_t *cf = &e->m->cfg;
+    int L = cf->num_hidden_layers, D = cf->hidden_size, F = cf->intermediate_size, H = cf->num_attention_heads;
+    int Qd = H * cf->head_dim, KVd = cf->num_key_value_heads * cf->head_dim;
+    int N = 0, max_len = 0;
+    for (int i = 0; i < n; i++) {
+        N += seqs[i].len;
+        if (seqs[i].len > max_len) max_len = seqs[i].len;
+    }
+    ensure_idx(e, (size_t)(N > 2 * n ? N : 2 * n));
+    int *slot_of = e->tab_seq;
+    for (int i = 0; i < n; i++) slot_of[i] = seqs[i].slot;
+    order_by_slot(e->order, slot_of, n);
+    // row_seq holds start (first n) and len (next n) of the ordered sequences.
+    int *start = e->row_seq, *len = e->row_seq + n;
+    int row = 0;
+    for (int j = 0; j < n; j++) {
+        int i = e->order[j];
+        start[j] = row;
+        len[j] = seqs[i].len;
+        e->seq_row0[i] = row;
+        for (int t = 0; t < seqs[i].len; t++, row++) {
+            e->tok[row] = seqs[i].tokens[t];
+            e->pos[row] = t;
+            e->row_slot[row] = seqs[i].slot;
+        }
+    }
+    if (lora_plan_build(&e->plan, e->row_slot, N, e->pool, err)) return -1;
+    int R = e->plan.max_rank;
+
+    float *p = buf_get(k, &e->act, layer_floats(cf, N, R) * L + (size_t)N * (2 * (size_t)D + 1));
+    f->N = N;
+    f->L = L;
+    f->layers = xcalloc((size_t)L, sizeof(acts_t));
+    for (int l = 0; l < L; l++) {
+        acts_t *a = &f->layers[l];
+        a->x_in = p, p += (size_t)N * D;
+        a->xn1 = p, p += (size_t)N * D;
+        a->rstd1 = p, p += N;
+        a->q = p, p += (size_t)N * Qd;
+        a->k = p, p += (size_t)N * KVd;
+        a->v = p, p += (size_t)N * KVd;
+        a->att = p, p += (size_t)N * Qd;
+        a->lse = p, p += (size_t)N * H;
+        a->x_mid = p, p += (size_t)N * D;
+        a->xn2 = p, p += (size_t)N * D;
+        a->rstd2 = p, p += N;
+        a->g = p, p += (size_t)N * F;
+        a->u = p, p += (size_t)N * F;
+        a->h = p, p += (size_t)N * F;
+        for (int t = 0; t < LORA_N_TARGETS; t++) a->T[t] = p, p += (size_t)N * R;
+    }
+    f->x_out = p, p += (size_t)N * D;
+    f->xf = p, p += (size_t)N * D;
+    f->rstdf = p;
+    float *scratch = buf_get(k, &e->scratch, (size_t)N * (R > 0 ? R : 1));
+
+    f->pk = (kern_packed_attn_t){.start = start, .len = len, .n_seqs = n, .n_tokens = N, .n_heads = H,
+                                 .n_kv_heads = cf->num_key_value_heads, .head_dim = cf->head_dim, .max_len = max_len};
+    fwd_ctx_t c = {.N = N, .pos = e->pos, .packed = &f->pk};
+    k->embed(f->layers[0].x_in, e->m->w.embed, e->tok, N, D);
+    for (int l = 0; l < L; l++) {
+        layer_forward(e, l, &f->layers[l], &c, scratch);
+        layer_forward_down(e, l, &f->layers[l], l + 1 < L ? f->layers[l + 1].x_in : f->x_out, N, scratch);
+    }
+    k->rmsnorm(f->xf, f->rstdf, f->x_out, e->m->w.final_norm, N, D, cf->rms_norm_eps);
+    return 0;
+}
+
+// Backward through the layers from dx = dLoss/dx_out (overwritten as it goes).
+static void train_backward(engine_t *e, train_fwd_t *f, float *dx, float *model_grads, float *const *lora_grads) {
+    const kernels_t *k = e->k;
+    const hf_config_t *cf = &e->m->cfg;
+    const model_weights_t *w = &e->m->w;
+    int N = f->N, L = f->L, D = cf->hidden_size, F = cf->intermediate_size, H = cf->num_attention_heads;
+    int hd = cf->head_dim, KV = cf->num_key_value_heads, Qd = H * hd, KVd = KV * hd, R = e->plan.max_rank;
+    model_weights_t gw = {0};
+    if (model_grads) model_point(&gw, model_grads, cf);
+    size_t need = (size_t)N * (D + 2 * (size_t)Qd + 2 * (size_t)KVd + 3 * (size_t)F + (R > 0 ? R : 1));
+    float *p = buf_get(k, &e->grad, need);
+    float *dxn = p, *dq = (p += (size_t)N * D), *datt = (p += (size_t)N * Qd), *dk = (p += (size_t)N * Qd);
+    float *dv = (p += (size_t)N * KVd), *dg = (p += (size_t)N * KVd), *du = (p += (size_t)N * F);
+    float *dh = (p += (size_t)N * F), *dT = (p += (size_t)N * F);
+    const lora_plan_t *pl = &e->plan;
+    lora_pool_t *pool = e->pool;
+#define WL(base, l, rows, cols) ((base) + (size_t)(l) * (rows) * (cols))
+    for (int l = L - 1; l >= 0; l--) {
+        acts_t *a = &f->layers[l];
+        // MLP: x_out = x_mid + h Wd^T + LoRA_down(h)
+        k->gemm(false, false, N, F, D, 1.0f, dx, D, WL(w->wd, l, D, F), F, 0.0f, dh, F);
+        if (model_grads) k->gemm(true, false, D, F, N, 1.0f, dx, D, a->h, F, 1.0f, WL(gw.wd, l, D, F), F);
+        lora_backward(k, pl, pool, lora_grads, l, LORA_DOWN, a->h, F, dx, D, a->T[LORA_DOWN], dh, dT);
+        k->swiglu_bwd(dg, du, dh, a->g, a->u, (size_t)N * F);
+        k->gemm(false, false, N, D, F, 1.0f, dg, F, WL(w->wg, l, F, D), D, 0.0f, dxn, D);
+        k->gemm(false, false, N, D, F, 1.0f, du, F, WL(w->wu, l, F, D), D, 1.0f, dxn, D);
+        if (model_grads) {
+            k->gemm(true, false, F, D, N, 1.0f, dg, F, a->xn2, D, 1.0f, WL(gw.wg, l, F, D), D);
+            k->gemm(true, false, F, D, N, 1.0f, du, F, a->xn2, D, 1.0f, WL(gw.wu, l, F, D), D);
+        }
+        lora_backward(k, pl, pool, lora_grads, l, LORA_GATE, a->xn2, D, dg, F, a->T[LORA_GATE], dxn, dT);
+        lora_backward(k, pl, pool, lora_grads, l, LORA_UP, a->xn2, D, du, F, a->T[LORA_UP], dxn, dT);
+        k->rmsnorm_bwd(dx, model_grads ? gw.mlp_norm + (size_t)l * D : NULL, dxn, a->x_mid,
+                       w->mlp_norm + (size_t)l * D, a->rstd2, N, D);
+        // Attention: x_mid = x_in + att Wo^T + LoRA_o(att)
+        k->gemm(false, false, N, Qd, D, 1.0f, dx, D, WL(w->wo, l, D, Qd), Qd, 0.0f, datt, Qd);
+        if (model_grads) k->gemm(true, false, D, Qd, N, 1.0f, dx, D, a->att, Qd, 1.0f, WL(gw.wo, l, D, Qd), Qd);
+        lora_backward(k, pl, pool, lora_grads, l, LORA_O, a->att, Qd, dx, D, a->T[LORA_O], datt, dT);
+        k->attn_bwd(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, &f->pk);
+        k->rope(dq, e->pos, N, H, hd, e->m->rope_cos, e->m->rope_sin, true);
+        k->rope(dk, e->pos, N, KV, hd, e->m->rope_cos, e->m->rope_sin, true);
+        k->gemm(false, false, N, D, Qd, 1.0f, dq, Qd, WL(w->wq, l, Qd, D), D, 0.0f, dxn, D);
+        k->gemm(false, false, N, D, KVd, 1.0f, dk, KVd, WL(w->wk, l, KVd, D), D, 1.0f, dxn, D);
+        k->gemm(false, false, N, D, KVd, 1.0f, dv, KVd, WL(w->wv, l, KVd, D), D, 1.0f, dxn, D);
+        if (model_grads) {
+            k->gemm(true, false, Qd, D, N, 1.0f, dq, Qd, a->xn1, D, 1.0f, WL(gw.wq, l, Qd, D), D);
+            k->gemm(true, false, KVd, D, N, 1.0f, dk, KVd, a->xn1, D, 1.0f, WL(gw.wk, l, KVd, D), D);
+            k->gemm(true, false, KVd, D, N, 1.0f, dv, KVd, a->xn1, D, 1.0f, WL(gw.wv, l, KVd, D), D);
+            if (cf->qkv_bias) {
+                k->bias_bwd(gw.bq + (size_t)l * Qd, dq, N, Qd);
+                k->bias_bwd(gw.bk + (size_t)l * KVd, dk, N, KVd);
+                k->bias_bwd(gw.bv + (size_t)l * KVd, dv, N, KVd);
+            }
+        }
+        lora_backward(k, pl, pool, lora_grads, l, LORA_Q, a->xn1, D, dq, Qd, a->T[LORA_Q], dxn, dT);
+        lora_backward(k, pl, pool, lora_grads, l, LORA_K, a->xn1, D, dk, KVd, a->T[LORA_K], dxn, dT);
+        lora_backward(k, pl, pool, lora_grads, l, LORA_V, a->xn1, D, dv, KVd, a->T[LORA_V], dxn, dT);
+        k->rmsnorm_bwd(dx, model_grads ? gw.attn_norm + (size_t)l * D : NULL, dxn, a->x_in,
+                       w->attn_norm + (size_t)l * D, a->rstd1, N, D);
+    }
+#undef WL
+    if (model_grads) k->embed_bwd(gw.embed, dx, e->tok, N, D);
+}
+
+enum { RUN_TRAIN, RUN_LOGPROBS };
+
+// Shared driver of engine_train and engine_logprobs: forward, chunked head + loss, backward.
+static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cfg_t *lc, int mode, float *model_grads,
+               float *const *lora_grads, loss_stats_t *stats, float *const *logp_out, float *const *ent_out,
+               char *err) {
+    const kernels_t *k = e->k;
+    const hf_config_t *cf = &e->m->cfg;
+    int D = cf->hidden_size, V = cf->vocab_size, n_groups = lora_pool_slots(e->pool) + 1;
+    if (validate_train(e, seqs, n, err)) return -1;
+    if (mode == RUN_TRAIN) {
+        if (lc->kind != LOSS_CE && lc->kind != LOSS_RL) return err_set(err, "unknown loss kind %d", lc->kind);
+        if (lc->kind == LOSS_RL)
+            for (int i = 0; i < n; i++)
+                if (seqs[i].weight && !seqs[i].old_logp)
+                    return err_set(err, "RL loss: sequence %d has no behaviour log-probs", i);
+        if (lc->kind == LOSS_RL && lc->kl_coef > 0.0f)
+            for (int i = 0; i < n; i++)
+                if (seqs[i].weight && !seqs[i].ref_logp)
+                    return err_set(err, "RL loss with KL: sequence %d has no reference log-probs", i);
+    }
+    train_fwd_t f = {0};
+    if (train_forward(e, seqs, n, &f, err)) return -1;
+    int N = f.N;
+
+    // Rows whose logits are needed: hidden row (start + t - 1) predicts tokens[t].
+    int M = 0;
+    for (int i = 0; i < n; i++)
+        for (int t = 1; t < seqs[i].len; t++)
+            if (mode == RUN_LOGPROBS || (seqs[i].weight && seqs[i].weight[t] > 0.0f)) M++;
+    int *mseq = xmalloc(sizeof(int) * (size_t)(M + 1)), *mt = xmalloc(sizeof(int) * (size_t)(M + 1));
+    int32_t *mrow = xmalloc(sizeof(int32_t) * (size_t)(M + 1)), *mtgt = xmalloc(sizeof(int32_t) * (size_t)(M + 1));
+    double *gw = xcalloc((size_t)n_groups, sizeof(double));
+    M = 0;
+    for (int i = 0; i < n; i++)
+        for (int t = 1; t < seqs[i].len; t++)
+            if (mode == RUN_LOGPROBS || (seqs[i].weight && seqs[i].weight[t] > 0.0f)) {
+                mseq[M] = i, mt[M] = t, mrow[M] = e->seq_row0[i] + t - 1, mtgt[M] = seqs[i].tokens[t];
+                if (mode == RUN_TRAIN) gw[seqs[i].slot + 1] += seqs[i].weight[t];
+                M++;
+            }
+    if (mode == RUN_LOGPROBS)
+        for (int i = 0; i < n; i++) {
+            logp_out[i][0] = 0.0f;
+            if (ent_out && ent_out[i]) ent_out[i][0] = 0.0f;
+        }
+    if (stats) memset(stats, 0, sizeof(loss_stats_t) * (size_t)n_groups);
+    bool backward = mode == RUN_TRAIN && M > 0;
+    float *dxf = NULL;
+    if (backward) {
+        dxf = k->alloc(sizeof(float) * (size_t)N * D * 2);
+    }
+    model_weights_t gmw = {0};
+    if (model_grads) model_point(&gmw, model_grads, cf);
+    float T = lc ? lc->temperature : 1.0f;
+    if (!(T > 0.0f)) T = 1.0f;
+    int CH = (int)((size_t)(4u << 20) / (size_t)V);
+    if (CH < 1) CH = 1;
+    float *lp = xmalloc(sizeof(float) * (size_t)CH), *en = xmalloc(sizeof(float) * (size_t)CH);
+    float *dlp = xmalloc(sizeof(float) * (size_t)CH);
+    float *buf = buf_get(k, &e->logits, (size_t)CH * (V + 2 * (size_t)D));
+    float *logits = buf, *xg = buf + (size_t)CH * V, *dxg = xg + (size_t)CH * D;
+    for (int m0 = 0; m0 < M; m0 += CH) {
+        int c = M - m0 < CH ? M - m0 : CH;
+        for (int r = 0; r < c; r++) k->copy(xg + (size_t)r * D, f.xf + (size_t)mrow[m0 + r] * D, sizeof(float) * D);
+        k->gemm(false, true, c, V, D, 1.0f, xg, D, e->m->w.lm_head, D, 0.0f, logits, V);
+        k->token_logprobs(lp, en, logits, mtgt + m0, c, V, T);
+        if (mode == RUN_LOGPROBS) {
+            for (int r = 0; r < c; r++) {
+                logp_out[mseq[m0 + r]][mt[m0 + r]] = lp[r];
+                if (ent_out && ent_out[mseq[m0 + r]]) ent_out[mseq[m0 + r]][mt[m0 + r]] = en[r];
+            }
+            continue;
+        }
+        for (int r = 0; r < c; r++) {
+            const engine_train_seq_t *s = &seqs[mseq[m0 + r]];
+            int t = mt[m0 + r], g = s->slot + 1;
+            double wt = s->weight[t], wn = wt / gw[g];
+            double l, d, clipped = 0.0, kl = 0.0, ratio = 1.0;
+            if (lc->kind == LOSS_CE) {
+                l = -lp[r];
+                d = -1.0;
+            } else {
+                double A = s->advantage;
+                ratio = exp((double)lp[r] - s->old_logp[t]);
+                double rc = ratio < 1.0 - lc->clip_low ? 1.0 - lc->clip_low
+                            : ratio > 1.0 + lc->clip_high ? 1.0 + lc->clip_high : ratio;
+                double pg1 = -A * ratio, pg2 = -A * rc;
+                if (pg2 > pg1) {
+                    l = pg2, d = 0.0, clipped = 1.0;
+                } else {
+                    l = pg1, d = -A * ratio;
+                }
+                if (s->ref_logp) {
+                    double dl = (double)s->ref_logp[t] - lp[r];
+                    kl = exp(dl) - dl - 1.0;
+                    if (lc->kl_coef > 0.0f) {
+                        l += lc->kl_coef * kl;
+                        d += lc->kl_coef * (1.0 - exp(dl));
+                    }
+                }
+            }
+            dlp[r] = (float)(wn * d);
+            if (stats) {
+                loss_stats_t *st = &stats[g];
+                st->loss += wn * l;
+                st->tokens += wt;
+                st->clip_frac += wn * clipped;
+                st->kl += wn * kl;
+                st->entropy += wn * en[r];
+                st->ratio_mean += wn * ratio;
+                st->logp_mean += wn * lp[r];
+            }
+        }
+        k->logprob_bwd(logits, dlp, mtgt + m0, c, V, T);
+        k->gemm(false, false, c, D, V, 1.0f, logits, V, e->m->w.lm_head, D, 0.0f, dxg, D);
+        for (int r = 0; r < c; r++) k->copy(dxf + (size_t)mrow[m0 + r] * D, dxg + (size_t)r * D, sizeof(float) * D);
+        if (model_grads) k->gemm(true, false, V, D, c, 1.0f, logits, V, xg, D, 1.0f, gmw.lm_head, D);
+    }
+    bool any_grad = model_grads != NULL;
+    if (lora_grads)
+        for (int s = 0; s < n_groups - 1; s++) any_grad |= lora_grads[s] != NULL;
+    if (backward && any_grad) {
+        float *dx = dxf + (size_t)N * D;   // zero-filled by alloc
+        k->rmsnorm_bwd(dx, model_grads ? gmw.final_norm : NULL, dxf, f.x_out, e->m->w.final_norm, f.rstdf, N, D);
+        train_backward(e, &f, dx, model_grads, lora_grads);
+    }
+    if (dxf) k->free(dxf);
+    free(lp), free(en), free(dlp), free(mseq), free(mt), free(mrow), free(mtgt), free(gw);
+    free(f.layers);
+    return 0;
+}
+
+int engine_train(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cfg_t *lc, float *model_grads,
+                 float *const *lora_grads, loss_stats_t *stats, char *err) {
+    if (!lc) return err_set(err, "engine_train: loss config required");
+    return run(e, seqs, n, lc, RUN_TRAIN, model_grads, lora_grads, stats, NULL, NULL, err);
+}
+
+int engine_logprobs(engine_t *e, const engine_train_seq_t *seqs, int n, float temperature, float *const *logp,
+                    float *const *entropy, char *err) {
+    loss_cfg_t lc = {.kind = LOSS_CE, .temperature = temperature};
+    return run(e, seqs, n, &lc, RUN_LOGPROBS, NULL, NULL, NULL, logp, entropy, err);
+}
+
+double engine_forward_flops(const model_t *m, double n_tokens, double mean_ctx) {
+    const hf_config_t *c = &m->cfg;
+    double D = c->hidden_size, F = c->intermediate_size, Qd = (double)c->num_attention_heads * c->head_dim;
+    double KVd = (double)c->num_key_value_heads * c->head_dim;
+    double per_layer = 2.0 * (D * Qd + 2 * D * KVd + Qd * D + 3 * D * F) + 4.0 * Qd * mean_ctx;
+    return n_tokens * (c->num_hidden_layers * per_layer + 2.0 * D * c->vocab_size);
+}

@@ -1,0 +1,99 @@
+// engine.h - the transformer engine: batched multi-LoRA forward for inference (continuous
+// batching over a paged KV cache), and forward/backward over packed full sequences for training
+// (LoRA gradients per adapter slot, optional full-parameter gradients), with the losses.
+//
+// One engine serves rollout and trainer, so both compute the same numbers: the log-prob that
+// rollout reports for a sampled token and the one the trainer recomputes differ only by the
+// order of a few floating-point sums (~1e-6).
+//
+// Row order: within a call the engine groups sequences by adapter slot (stable), so that each
+// slot's rows are contiguous and every LoRA product is one GEMM on a block of rows; results
+// are returned in the caller's order.
+#ifndef MARLAAS_ENGINE_H
+#define MARLAAS_ENGINE_H
+
+#include <stdint.h>
+
+#include "common/engine/kvcache.h"
+#include "common/engine/lora.h"
+#include "common/engine/model.h"
+
+typedef struct engine engine_t;
+
+// The engine borrows model and pool (both must outlive it).
+engine_t *engine_new(model_t *model, lora_pool_t *pool, char *err);
+void engine_destroy(engine_t **e);
+model_t *engine_model(engine_t *e);
+lora_pool_t *engine_pool(engine_t *e);
+
+// --- inference ------------------------------------------------------------------------------------
+enum { ENGINE_LOGITS_NONE = 0, ENGINE_LOGITS_LAST = 1, ENGINE_LOGITS_ALL = 2 };
+
+typedef struct {
+    const int32_t *tokens;   // this step's new tokens: a prefill chunk or one decode token
+    int n_tokens;            // >= 1
+    int kv_seq;              // KV cache sequence; tokens[0] sits at position kvcache_seq_len()
+    int slot;                // adapter slot, -1 = base model
+    int logits;              // ENGINE_LOGITS_*
+} engine_seq_t;
+
+// One continuous-batching step over n sequences (a mix of prefill chunks and decode tokens).
+// Reserves KV space for every sequence first (all or nothing: when the cache lacks blocks,
+// -1 + err and nothing changes), runs the forward, appends K/V and advances each sequence.
+// logits receives, in the caller's order, 0 / 1 / n_tokens rows of vocab floats per sequence.
+// A sequence must not appear twice in one step. Positions beyond max_position_embeddings are
+// refused.
+int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, float *logits, char *err);
+
+// --- training -------------------------------------------------------------------------------------
+typedef enum { LOSS_CE = 0, LOSS_RL = 1 } loss_kind_t;
+
+typedef struct {
+    loss_kind_t kind;
+    float temperature;     // log-probs are taken under softmax(logits / T); CE uses it too (1 usually)
+    float clip_low;        // ratio clipped to [1 - clip_low, 1 + clip_high]
+    float clip_high;
+    float kl_coef;         // weight of the k3 KL estimator to ref_logp (0 = off)
+} loss_cfg_t;
+
+// A full sequence starting at position 0. Token t (t >= 1) is predicted from tokens < t;
+// arrays indexed by t, entry 0 unused.
+typedef struct {
+    const int32_t *tokens;
+    int len;               // >= 1
+    int slot;              // adapter slot, -1 = base
+    const float *weight;   // (len) loss weight of token t (0 = no loss: prompt, observation); NULL = none
+    const float *old_logp; // (len) behaviour log-probs (RL)
+    const float *ref_logp; // (len) reference log-probs for KL (RL with kl_coef > 0)
+    float advantage;       // sequence advantage (RL)
+} engine_train_seq_t;
+
+// Token means over the weighted tokens of one group (an adapter slot).
+typedef struct {
+    double loss;
+    double tokens;        // sum of weights
+    double clip_frac;     // fraction of tokens whose ratio was clipped
+    double kl;            // k3 estimate (when ref_logp given)
+    double entropy;       // of softmax(logits / T)
+    double ratio_mean;
+    double logp_mean;
+} loss_stats_t;
+
+// Forward + backward. Losses are token means within each slot (so jobs sharing a pass do not
+// change each other's scale). Gradients ACCUMULATE into model_grads (model arena layout; NULL =
+// base frozen) and lora_grads[slot] (adapter arena layout; NULL entry or array = frozen).
+// stats (may be NULL) has lora_pool_slots() + 1 entries: index slot + 1 (0 = base rows).
+// Returns 0 or -1 + err (bad input); nothing is accumulated on error.
+int engine_train(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cfg_t *lc, float *model_grads,
+                 float *const *lora_grads, loss_stats_t *stats, char *err);
+
+// Forward only: logp[s][t] = log softmax(logits_{t-1} / T)[tokens[t]] for t >= 1 (logp[s][0] = 0),
+// entropy likewise when not NULL. Uses the same code path as engine_train.
+int engine_logprobs(engine_t *e, const engine_train_seq_t *seqs, int n, float temperature, float *const *logp,
+                    float *const *entropy, char *err);
+
+// FLOPs of the forward over n_tokens at the given mean context (2 * params-GEMM + attention);
+// used by benchmarks to report GFLOP/s.
+double engine_forward_flops(const model_t *m, double n_tokens, double mean_ctx);
+
+#endif

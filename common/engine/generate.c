@@ -1,0 +1,375 @@
+// generate.c - continuous batching: admission by worst-case KV blocks, one engine step per call
+// mixing decode rows and prefill chunks, forked samples, stop conditions.
+#include "common/engine/generate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int seq;               // KV sequence, -1 once finished
+    rng_t rng;
+    int32_t *tok;
+    float *lp;
+    int n;
+    int done;
+    gen_finish_t finish;
+    int stop_hit;          // index of the stop string that ended it
+    char *text;            // incremental text (only with stop strings)
+    size_t tlen, tcap;
+} sample_t;
+
+enum { RQ_QUEUED, RQ_PREFILL, RQ_DECODE };
+
+typedef struct {
+    int id, state, prefilled, root, worst_blocks, live;
+    gen_request_t r;       // arrays below are owned copies
+    int32_t *prompt;
+    int32_t stop_ids[GEN_MAX_STOP];
+    char *stops[GEN_MAX_STOP];
+    sample_t *s;
+} req_t;
+
+typedef struct {
+    req_t *rq;
+    int sample;            // -1 = prefill chunk
+    int n_tokens;
+} rowref_t;
+
+struct gen {
+    engine_t *e;
+    kvcache_t *kc;
+    const tokenizer_t *tok;
+    int max_batch, next_id, reserved_blocks, reserved_seqs;
+    req_t **rq;            // queued and running, in arrival order
+    int n_rq, cap_rq;
+    gen_result_t **done;
+    int n_done, cap_done;
+    engine_seq_t *rows;
+    rowref_t *refs;
+    float *logits;
+    int cap_rows;
+    sampler_scratch_t ss;
+    gen_stats_t st;
+};
+
+gen_t *gen_new(engine_t *e, kvcache_t *kc, const tokenizer_t *tok, int max_batch_tokens, char *err) {
+    if (!e || !kc || max_batch_tokens < 1) {
+        err_set(err, "gen_new: engine, KV cache and max_batch_tokens >= 1 are required");
+        return NULL;
+    }
+    gen_t *g = xcalloc(1, sizeof *g);
+    g->e = e;
+    g->kc = kc;
+    g->tok = tok;
+    g->max_batch = max_batch_tokens;
+    sampler_scratch_init(&g->ss, engine_model(e)->cfg.vocab_size);
+    return g;
+}
+
+static void req_free(req_t *q) {
+    if (!q) return;
+    for (int i = 0; i < q->r.n_samples; i++) {
+        free(q->s[i].tok);
+        free(q->s[i].lp);
+        free(q->s[i].text);
+    }
+    for (int i = 0; i < q->r.n_stop_strings; i++) free(q->stops[i]);
+    free(q->s);
+    free(q->prompt);
+    free(q);
+}
+
+void gen_result_free(gen_result_t **pr) {
+    if (!pr || !*pr) return;
+    gen_result_t *r = *pr;
+    for (int i = 0; i < r->n_samples; i++) {
+        free(r->samples[i].tokens);
+        free(r->samples[i].logprobs);
+        free(r->samples[i].text);
+    }
+    free(r->samples);
+    free(r);
+    *pr = NULL;
+}
+
+void gen_destroy(gen_t **pg) {
+    if (!pg || !*pg) return;
+    gen_t *g = *pg;
+    for (int i = 0; i < g->n_rq; i++) {
+        req_t *q = g->rq[i];
+        for (int j = 0; j < q->r.n_samples; j++)
+            if (q->s[j].seq >= 0) kvcache_seq_free(g->kc, q->s[j].seq);
+        if (q->state == RQ_PREFILL) kvcache_seq_free(g->kc, q->root);
+        req_free(q);
+    }
+    for (int i = 0; i < g->n_done; i++) gen_result_free(&g->done[i]);
+    free(g->rq);
+    free(g->done);
+    free(g->rows);
+    free(g->refs);
+    free(g->logits);
+    sampler_scratch_free(&g->ss);
+    free(g);
+    *pg = NULL;
+}
+
+static int worst_blocks(const gen_t *g, int P, int G, int max_new) {
+    int bs = kvcache_block_size(g->kc);
+    return (P + bs - 1) / bs + G * ((max_new + bs - 1) / bs + 1);
+}
+
+int gen_submit(gen_t *g, const gen_request_t *r, char *err) {
+    const hf_config_t *cf = &engine_model(g->e)->cfg;
+    if (!r->prompt || r->prompt_len < 1) return err_set(err, "empty prompt");
+    for (int i = 0; i < r->prompt_len; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= cf->vocab_size)
+            return err_set(err, "prompt token %d = %d is outside the vocabulary (%d)", i, r->prompt[i], cf->vocab_size);
+    if (r->n_samples < 1 || r->n_samples > 4096) return err_set(err, "n_samples must be in 1..4096");
+    if (r->max_new_tokens < 1) return err_set(err, "max_new_tokens must be >= 1");
+    if (r->prompt_len + r->max_new_tokens > cf->max_position_embeddings)
+        return err_set(err, "prompt (%d) + max_new_tokens (%d) exceeds the model's %d positions", r->prompt_len,
+                       r->max_new_tokens, cf->max_position_embeddings);
+    if (!(r->sp.temperature >= 0.0f) || r->sp.top_k < 0 || !(r->sp.top_p > 0.0f && r->sp.top_p <= 1.0f))
+        return err_set(err, "sampling: temperature >= 0, top_k >= 0 and top_p in (0, 1] required");
+    if (r->n_stop_ids < 0 || r->n_stop_ids > GEN_MAX_STOP || r->n_stop_strings < 0 ||
+        r->n_stop_strings > GEN_MAX_STOP)
+        return err_set(err, "at most %d stop ids and %d stop strings", GEN_MAX_STOP, GEN_MAX_STOP);
+    if (r->n_stop_strings && !g->tok) return err_set(err, "stop strings need a tokenizer");
+    for (int i = 0; i < r->n_stop_strings; i++)
+        if (!r->stop_strings[i] || !r->stop_strings[i][0]) return err_set(err, "stop string %d is empty", i);
+    if (r->slot < -1 || (r->slot >= 0 && !lora_pool_get(engine_pool(g->e), r->slot)))
+        return err_set(err, "adapter slot %d is not loaded", r->slot);
+    int wb = worst_blocks(g, r->prompt_len, r->n_samples, r->max_new_tokens);
+    if (wb > kvcache_total_blocks(g->kc))
+        return err_set(err, "request needs up to %d KV blocks; the cache has %d", wb, kvcache_total_blocks(g->kc));
+    if (r->n_samples > kvcache_max_seqs(g->kc))
+        return err_set(err, "request has %d samples; the cache holds %d sequences", r->n_samples,
+                       kvcache_max_seqs(g->kc));
+    req_t *q = xcalloc(1, sizeof *q);
+    q->r = *r;
+    q->id = g->next_id++;
+    q->state = RQ_QUEUED;
+    q->root = -1;
+    q->worst_blocks = wb;
+    q->prompt = xmalloc(sizeof(int32_t) * (size_t)r->prompt_len);
+    memcpy(q->prompt, r->prompt, sizeof(int32_t) * (size_t)r->prompt_len);
+    q->r.prompt = q->prompt;
+    if (r->n_stop_ids) memcpy(q->stop_ids, r->stop_ids, sizeof(int32_t) * (size_t)r->n_stop_ids);
+    q->r.stop_ids = q->stop_ids;
+    for (int i = 0; i < r->n_stop_strings; i++) q->stops[i] = xstrdup(r->stop_strings[i]);
+    q->r.stop_strings = (const char *const *)q->stops;
+    q->s = xcalloc((size_t)r->n_samples, sizeof(sample_t));
+    for (int i = 0; i < r->n_samples; i++) {
+        q->s[i].seq = -1;
+        rng_seed(&q->s[i].rng, r->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(i + 1)));
+        q->s[i].tok = xmalloc(sizeof(int32_t) * (size_t)r->max_new_tokens);
+        q->s[i].lp = xmalloc(sizeof(float) * (size_t)r->max_new_tokens);
+    }
+    if (g->n_rq == g->cap_rq) {
+        g->cap_rq = g->cap_rq ? 2 * g->cap_rq : 16;
+        g->rq = xrealloc(g->rq, sizeof(req_t *) * (size_t)g->cap_rq);
+    }
+    g->rq[g->n_rq++] = q;
+    return q->id;
+}
+
+static void add_row(gen_t *g, int *n, engine_seq_t row, rowref_t ref) {
+    if (*n == g->cap_rows) {
+        g->cap_rows = g->cap_rows ? 2 * g->cap_rows : 64;
+        g->rows = xrealloc(g->rows, sizeof(engine_seq_t) * (size_t)g->cap_rows);
+        g->refs = xrealloc(g->refs, sizeof(rowref_t) * (size_t)g->cap_rows);
+    }
+    g->rows[*n] = row;
+    g->refs[*n] = ref;
+    (*n)++;
+}
+
+static void finish_sample(gen_t *g, req_t *q, sample_t *s, gen_finish_t f) {
+    s->done = 1;
+    s->finish = f;
+    if (s->seq >= 0) kvcache_seq_free(g->kc, s->seq);
+    s->seq = -1;
+    q->live--;
+}
+
+// Appends a sampled token and applies the stop rules.
+static void push_token(gen_t *g, req_t *q, sample_t *s, int32_t t, float lp) {
+    s->tok[s->n] = t;
+    s->lp[s->n] = lp;
+    s->n++;
+    g->st.gen_tokens++;
+    for (int i = 0; i < q->r.n_stop_ids; i++)
+        if (t == q->stop_ids[i]) {
+            finish_sample(g, q, s, GEN_FINISH_EOS);
+            return;
+        }
+    if (q->r.n_stop_strings) {
+        char err[ERR_LEN];
+        char *piece = tokenizer_decode(g->tok, &t, 1, true, err);
+        size_t pl = piece ? strlen(piece) : 0;
+        if (s->tlen + pl + 1 > s->tcap) {
+            s->tcap = 2 * (s->tlen + pl + 1);
+            s->text = xrealloc(s->text, s->tcap);
+        }
+        memcpy(s->text + s->tlen, piece ? piece : "", pl);
+        s->tlen += pl;
+        s->text[s->tlen] = 0;
+        free(piece);
+        for (int i = 0; i < q->r.n_stop_strings; i++) {
+            size_t sl = strlen(q->stops[i]);
+            size_t from = s->tlen > sl + pl ? s->tlen - sl - pl : 0;
+            if (strstr(s->text + from, q->stops[i])) {
+                s->stop_hit = i;
+                finish_sample(g, q, s, GEN_FINISH_STOP);
+                return;
+            }
+        }
+    }
+    if (s->n >= q->r.max_new_tokens) finish_sample(g, q, s, GEN_FINISH_LENGTH);
+}
+
+static void sample_into(gen_t *g, req_t *q, sample_t *s, const float *logits) {
+    float lp;
+    int V = engine_model(g->e)->cfg.vocab_size;
+    int t = sampler_sample(&q->r.sp, &s->rng, logits, V, &g->ss, &lp);
+    push_token(g, q, s, t, lp);
+}
+
+static void complete(gen_t *g, int idx) {
+    req_t *q = g->rq[idx];
+    gen_result_t *r = xcalloc(1, sizeof *r);
+    r->id = q->id;
+    r->user = q->r.user;
+    r->slot = q->r.slot;
+    r->prompt_len = q->r.prompt_len;
+    r->n_samples = q->r.n_samples;
+    r->samples = xcalloc((size_t)r->n_samples, sizeof(gen_sample_t));
+    for (int i = 0; i < r->n_samples; i++) {
+        sample_t *s = &q->s[i];
+        gen_sample_t *o = &r->samples[i];
+        o->tokens = s->tok, s->tok = NULL;
+        o->logprobs = s->lp, s->lp = NULL;
+        o->n = s->n;
+        o->finish = s->finish;
+        if (g->tok) {
+            char err[ERR_LEN];
+            o->text = tokenizer_decode(g->tok, o->tokens, o->n, true, err);
+            if (!o->text) o->text = xstrdup("");
+            if (o->finish == GEN_FINISH_STOP) {
+                char *cut = strstr(o->text, q->stops[s->stop_hit]);
+                if (cut) *cut = 0;
+            }
+        }
+    }
+    g->reserved_blocks -= q->worst_blocks;
+    g->reserved_seqs -= q->r.n_samples;
+    req_free(q);
+    memmove(&g->rq[idx], &g->rq[idx + 1], sizeof(req_t *) * (size_t)(g->n_rq - idx - 1));
+    g->n_rq--;
+    if (g->n_done == g->cap_done) {
+        g->cap_done = g->cap_done ? 2 * g->cap_done : 16;
+        g->done = xrealloc(g->done, sizeof(gen_result_t *) * (size_t)g->cap_done);
+    }
+    g->done[g->n_done++] = r;
+}
+
+int gen_step(gen_t *g, char *err) {
+    double t0 = util_now();
+    int n = 0, budget = g->max_batch;
+    // 1. decode rows of every running sample
+    for (int i = 0; i < g->n_rq; i++) {
+        req_t *q = g->rq[i];
+        if (q->state != RQ_DECODE) continue;
+        for (int j = 0; j < q->r.n_samples; j++) {
+            sample_t *s = &q->s[j];
+            if (s->done) continue;
+            add_row(g, &n, (engine_seq_t){.tokens = &s->tok[s->n - 1], .n_tokens = 1, .kv_seq = s->seq,
+                                          .slot = q->r.slot, .logits = ENGINE_LOGITS_LAST},
+                    (rowref_t){q, j, 1});
+            budget--;
+        }
+    }
+    // 2. admit queued requests whose worst case fits, 3. prefill chunks within the budget
+    int total = kvcache_total_blocks(g->kc), max_seqs = kvcache_max_seqs(g->kc);
+    for (int i = 0; i < g->n_rq && budget > 0; i++) {
+        req_t *q = g->rq[i];
+        if (q->state == RQ_QUEUED) {
+            if (g->reserved_blocks + q->worst_blocks > total || g->reserved_seqs + q->r.n_samples > max_seqs) break;
+            q->root = kvcache_seq_new(g->kc, err);
+            if (q->root < 0) break;
+            g->reserved_blocks += q->worst_blocks;
+            g->reserved_seqs += q->r.n_samples;
+            q->state = RQ_PREFILL;
+        }
+        if (q->state != RQ_PREFILL) continue;
+        int left = q->r.prompt_len - q->prefilled, c = left < budget ? left : budget;
+        add_row(g, &n, (engine_seq_t){.tokens = q->prompt + q->prefilled, .n_tokens = c, .kv_seq = q->root,
+                                      .slot = q->r.slot, .logits = c == left ? ENGINE_LOGITS_LAST : ENGINE_LOGITS_NONE},
+                (rowref_t){q, -1, c});
+        budget -= c;
+    }
+    if (n == 0) return 0;
+    int V = engine_model(g->e)->cfg.vocab_size;
+    g->logits = xrealloc(g->logits, sizeof(float) * (size_t)n * V);
+    if (engine_step(g->e, g->kc, g->rows, n, g->logits, err)) return -1;
+    // 4. sample
+    int rows = 0;
+    const float *lg = g->logits;
+    for (int i = 0; i < n; i++) {
+        rowref_t *ref = &g->refs[i];
+        req_t *q = ref->rq;
+        rows += ref->n_tokens;
+        if (ref->sample >= 0) {
+            sample_into(g, q, &q->s[ref->sample], lg);
+            lg += V;
+            continue;
+        }
+        q->prefilled += ref->n_tokens;
+        g->st.prefill_tokens += (uint64_t)ref->n_tokens;
+        if (q->prefilled < q->r.prompt_len) continue;
+        // prompt complete: G samples fork the prompt's blocks and draw from the same logits
+        q->state = RQ_DECODE;
+        q->live = q->r.n_samples;
+        q->s[0].seq = q->root;
+        for (int j = 1; j < q->r.n_samples; j++) {
+            q->s[j].seq = kvcache_seq_fork(g->kc, q->root, err);
+            ASSERT(q->s[j].seq >= 0);   // admission reserved the sequences
+        }
+        for (int j = 0; j < q->r.n_samples; j++) sample_into(g, q, &q->s[j], lg);
+        lg += V;
+    }
+    for (int i = 0; i < g->n_rq;) {
+        if (g->rq[i]->state == RQ_DECODE && g->rq[i]->live == 0) complete(g, i);
+        else i++;
+    }
+    g->st.steps++;
+    g->st.busy_s += util_now() - t0;
+    return rows;
+}
+
+gen_result_t *gen_take(gen_t *g) {
+    if (g->n_done == 0) return NULL;
+    gen_result_t *r = g->done[0];
+    memmove(&g->done[0], &g->done[1], sizeof(gen_result_t *) * (size_t)(g->n_done - 1));
+    g->n_done--;
+    return r;
+}
+
+int gen_pending(const gen_t *g) { return g->n_rq + g->n_done; }
+
+int gen_running(const gen_t *g) {
+    int n = 0;
+    for (int i = 0; i < g->n_rq; i++) n += g->rq[i]->state != RQ_QUEUED;
+    return n;
+}
+
+int gen_run(gen_t *g, char *err) {
+    while (g->n_rq > 0) {
+        int r = gen_step(g, err);
+        if (r < 0) return -1;
+        if (r == 0) return err_set(err, "generation stalled with %d requests queued", g->n_rq);
+    }
+    return 0;
+}
+
+gen_stats_t gen_stats(const gen_t *g) { return g->st; }

@@ -1,0 +1,95 @@
+// lora.h - LoRA adapters, the pool of resident adapters, and the per-step multi-LoRA plan.
+//
+// An adapter's parameters live in one arena (backend memory): for each enabled target t,
+// A_t (L, r, in_t) then B_t (L, out_t, r). Gradients and AdamW moments use the same layout
+// (lora_point on another arena of n_params floats).
+//
+// Multi-LoRA (SGMV style): the engine orders a batch's rows so that rows using the same slot
+// are contiguous, and a lora_plan_t lists the segments (slot, first row, row count). The base
+// GEMM runs once over all rows; each segment then adds  scale * (X_seg A^T) B^T  with two small
+// GEMMs on a contiguous block of rows (shrink to rank r, expand back), so no gather or scatter
+// is needed and adapters of different ranks mix freely in one batch.
+#ifndef MARLAAS_LORA_H
+#define MARLAAS_LORA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/formats/hfconfig.h"
+#include "common/formats/peft.h"
+#include "kernels/kernels.h"
+
+typedef struct {
+    peft_config_t cfg;           // r, alpha, targets
+    hf_config_t model;           // the base model's config (shapes of every target)
+    int n_layers;
+    float scale;                 // alpha / r
+    const kernels_t *k;
+    float *params;               // arena (backend memory)
+    size_t n_params;
+    float *A[LORA_N_TARGETS];    // (L, r, in_t)   NULL when the target is off
+    float *B[LORA_N_TARGETS];    // (L, out_t, r)
+} lora_t;
+
+// in/out features of target t for the model config.
+void lora_target_dims(const hf_config_t *m, lora_target_t t, int *in, int *out);
+size_t lora_param_count(const hf_config_t *m, const peft_config_t *c);
+// Points A/B into an arena laid out as described above.
+void lora_point(float *A[LORA_N_TARGETS], float *B[LORA_N_TARGETS], float *arena, const hf_config_t *m,
+                const peft_config_t *c);
+
+// New adapter: A uniform(-1/sqrt(in), 1/sqrt(in)) (PEFT's kaiming-uniform default), B = 0, so
+// a fresh adapter leaves the base model unchanged. Deterministic for a seed.
+lora_t *lora_new(const hf_config_t *m, const peft_config_t *c, const kernels_t *k, uint64_t seed, char *err);
+// Loads DIR/adapter_config.json + DIR/adapter_model.safetensors (PEFT layout).
+lora_t *lora_load(const char *dir, const hf_config_t *m, const kernels_t *k, char *err);
+int lora_save(const lora_t *a, const char *dir, char *err);
+// Self-contained safetensors image (r, alpha and targets in __metadata__) for Redis blobs.
+int lora_serialize(const lora_t *a, uint8_t **buf, size_t *len, char *err);
+lora_t *lora_deserialize(const void *buf, size_t len, const hf_config_t *m, const kernels_t *k, char *err);
+lora_t *lora_clone(const lora_t *a);
+void lora_destroy(lora_t **a);
+
+// --- pool --------------------------------------------------------------------------------------
+typedef struct lora_pool lora_pool_t;
+
+lora_pool_t *lora_pool_new(int n_slots);
+void lora_pool_destroy(lora_pool_t **p);
+int lora_pool_slots(const lora_pool_t *p);
+// Installs *a in slot (ownership moves to the pool, *a = NULL); the adapter previously in the
+// slot is destroyed. Other slots are untouched, so rows using them keep computing between
+// steps. -1 + err for a bad slot or an adapter made for another layer count.
+int lora_pool_set(lora_pool_t *p, int slot, lora_t **a, char *err);
+void lora_pool_clear(lora_pool_t *p, int slot);
+lora_t *lora_pool_get(const lora_pool_t *p, int slot);   // NULL when empty or out of range
+
+// --- plan ----------------------------------------------------------------------------------------
+typedef struct {
+    int slot;       // -1 = no adapter
+    int row0;       // first row
+    int n_rows;
+} lora_segment_t;
+
+typedef struct {
+    lora_segment_t *seg;
+    int n_seg, cap;
+    int max_rank;   // largest rank among the segments' adapters (row stride of saved shrink outputs)
+} lora_plan_t;
+
+// Builds segments from a per-row slot array that is already grouped (equal slots contiguous).
+// Slots that are empty in the pool are an error (-1 + err).
+int lora_plan_build(lora_plan_t *plan, const int *row_slot, int n_rows, const lora_pool_t *pool, char *err);
+void lora_plan_free(lora_plan_t *plan);
+
+// Y (N, out) += sum over segments of scale * (X A_l^T) B_l^T for target t at layer l.
+// X is (N, in). When T is not NULL it receives the shrink outputs (N, plan->max_rank) for backward.
+void lora_forward(const kernels_t *k, const lora_plan_t *plan, const lora_pool_t *pool, int layer, lora_target_t t,
+                  const float *X, int in, float *Y, int out, float *T, float *scratch);
+// Backward of lora_forward: dX (N, in) += ..., and for every segment whose slot has a gradient
+// arena in grads[slot] (same layout as the adapter; NULL = frozen) dA, dB accumulate.
+// T are the saved shrink outputs; scratch holds N * max_rank floats.
+void lora_backward(const kernels_t *k, const lora_plan_t *plan, const lora_pool_t *pool, float *const *grads,
+                   int layer, lora_target_t t, const float *X, int in, const float *dY, int out, const float *T,
+                   float *dX, float *scratch);
+
+#endif

@@ -1,0 +1,265 @@
+// model.c - weights of a Llama-family decoder: size table, arena, HF safetensors load/save.
+#include "common/engine/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/engine/sampler.h"
+#include "common/formats/safetensors.h"
+
+// --- size table -------------------------------------------------------------------------------
+// Arena order; kinds marked per-layer carry a leading L dimension.
+enum { T_EMBED, T_ATTN_NORM, T_WQ, T_BQ, T_WK, T_BK, T_WV, T_BV, T_WO, T_MLP_NORM, T_WG, T_WU, T_WD, T_FNORM, T_HEAD };
+
+// Shape of one layer's slice (or the whole tensor for global kinds): rows, cols (cols=0: 1-D).
+static void kind_shape(const hf_config_t *c, int kind, int64_t *rows, int64_t *cols, int *per_layer) {
+    int64_t D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    int64_t Q = (int64_t)c->num_attention_heads * c->head_dim, KVd = (int64_t)c->num_key_value_heads * c->head_dim;
+    int64_t bias = c->qkv_bias ? 1 : 0;
+    *per_layer = 1;
+    *cols = 0;
+    switch (kind) {
+    case T_EMBED: *rows = V, *cols = D, *per_layer = 0; break;
+    case T_ATTN_NORM: *rows = D; break;
+    case T_WQ: *rows = Q, *cols = D; break;
+    case T_BQ: *rows = bias * Q; break;
+    case T_WK: *rows = KVd, *cols = D; break;
+    case T_BK: *rows = bias * KVd; break;
+    case T_WV: *rows = KVd, *cols = D; break;
+    case T_BV: *rows = bias * KVd; break;
+    case T_WO: *rows = D, *cols = Q; break;
+    case T_MLP_NORM: *rows = D; break;
+    case T_WG: *rows = F, *cols = D; break;
+    case T_WU: *rows = F, *cols = D; break;
+    case T_WD: *rows = D, *cols = F; break;
+    case T_FNORM: *rows = D, *per_layer = 0; break;
+    case T_HEAD: *rows = c->tie_word_embeddings ? 0 : V, *cols = D, *per_layer = 0; break;
+    default: *rows = 0;
+    }
+}
+
+size_t model_param_sizes(const hf_config_t *cfg, size_t sizes[MODEL_N_TENSORS]) {
+    size_t total = 0;
+    for (int i = 0; i < MODEL_N_TENSORS; i++) {
+        int64_t r, c;
+        int pl;
+        kind_shape(cfg, i, &r, &c, &pl);
+        sizes[i] = (size_t)r * (size_t)(c ? c : 1) * (size_t)(pl ? cfg->num_hidden_layers : 1);
+        total += sizes[i];
+    }
+    return total;
+}
+
+void model_point(model_weights_t *w, float *arena, const hf_config_t *cfg) {
+    size_t sizes[MODEL_N_TENSORS];
+    model_param_sizes(cfg, sizes);
+    float **ptrs[MODEL_N_TENSORS] = {&w->embed, &w->attn_norm, &w->wq, &w->bq, &w->wk, &w->bk, &w->wv, &w->bv,
+                                     &w->wo, &w->mlp_norm, &w->wg, &w->wu, &w->wd,
+                                     &w->final_norm, &w->lm_head};
+    float *p = arena;
+    for (int i = 0; i < MODEL_N_TENSORS; i++) {
+        *ptrs[i] = sizes[i] ? p : NULL;
+        p += sizes[i];
+    }
+    if (cfg->tie_word_embeddings) w->lm_head = w->embed;
+}
+
+int model_tensor_name(const hf_config_t *cfg, int kind, int layer, char *buf, size_t n) {
+    static const char *layer_names[] = {
+        [T_ATTN_NORM] = "input_layernorm.weight", [T_WQ] = "self_attn.q_proj.weight", [T_BQ] = "self_attn.q_proj.bias",
+        [T_WK] = "self_attn.k_proj.weight",       [T_BK] = "self_attn.k_proj.bias",   [T_WV] = "self_attn.v_proj.weight",
+        [T_BV] = "self_attn.v_proj.bias",         [T_WO] = "self_attn.o_proj.weight", [T_MLP_NORM] = "post_attention_layernorm.weight",
+        [T_WG] = "mlp.gate_proj.weight",          [T_WU] = "mlp.up_proj.weight",      [T_WD] = "mlp.down_proj.weight",
+    };
+    int64_t r, c;
+    int pl;
+    kind_shape(cfg, kind, &r, &c, &pl);
+    if (r == 0) return -1;
+    if (kind == T_EMBED) snprintf(buf, n, "model.embed_tokens.weight");
+    else if (kind == T_FNORM) snprintf(buf, n, "model.norm.weight");
+    else if (kind == T_HEAD) snprintf(buf, n, "lm_head.weight");
+    else snprintf(buf, n, "model.layers.%d.%s", layer, layer_names[kind]);
+    return 0;
+}
+
+// --- construction -------------------------------------------------------------------------------
+
+static int validate_config(const hf_config_t *c, char *err) {
+    if (c->hidden_size <= 0 || c->intermediate_size <= 0 || c->num_hidden_layers <= 0 || c->num_attention_heads <= 0 ||
+        c->num_key_value_heads <= 0 || c->vocab_size <= 0 || c->head_dim <= 0 || c->max_position_embeddings <= 0)
+        return err_set(err, "model config: every size must be positive");
+    if (c->num_attention_heads % c->num_key_value_heads)
+        return err_set(err, "model config: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
+                       c->num_attention_heads, c->num_key_value_heads);
+    if (c->head_dim % 2) return err_set(err, "model config: head_dim (%d) must be even for RoPE", c->head_dim);
+    if (!(c->rms_norm_eps > 0.0f) || !(c->rope_theta > 0.0f))
+        return err_set(err, "model config: rms_norm_eps and rope_theta must be positive");
+    return 0;
+}
+
+model_t *model_new(const hf_config_t *cfg, const kernels_t *k, char *err) {
+    if (validate_config(cfg, err)) return NULL;
+    util_threads_init();
+    model_t *m = xcalloc(1, sizeof *m);
+    m->cfg = *cfg;
+    m->k = k;
+    size_t sizes[MODEL_N_TENSORS];
+    m->n_params = model_param_sizes(cfg, sizes);
+    m->params = k->alloc(m->n_params * sizeof(float));
+    model_point(&m->w, m->params, cfg);
+    // RoPE tables exactly as Hugging Face builds them: inv_freq in fp32, angle = pos * inv_freq
+    // in fp32, cos/sin of that.
+    int half = cfg->head_dim / 2, P = cfg->max_position_embeddings;
+    float *c = xmalloc(sizeof(float) * (size_t)P * half), *s = xmalloc(sizeof(float) * (size_t)P * half);
+    for (int j = 0; j < half; j++) {
+        float inv = 1.0f / powf(cfg->rope_theta, (float)(2 * j) / (float)cfg->head_dim);
+        for (int p = 0; p < P; p++) {
+            float a = (float)p * inv;
+            c[(size_t)p * half + j] = cosf(a);
+            s[(size_t)p * half + j] = sinf(a);
+        }
+    }
+    m->rope_cos = k->alloc(sizeof(float) * (size_t)P * half);
+    m->rope_sin = k->alloc(sizeof(float) * (size_t)P * half);
+    k->to_dev(m->rope_cos, c, sizeof(float) * (size_t)P * half);
+    k->to_dev(m->rope_sin, s, sizeof(float) * (size_t)P * half);
+    free(c);
+    free(s);
+    return m;
+}
+
+void model_destroy(model_t **pm) {
+    if (!pm || !*pm) return;
+    model_t *m = *pm;
+    m->k->free(m->params);
+    m->k->free(m->rope_cos);
+    m->k->free(m->rope_sin);
+    free(m);
+    *pm = NULL;
+}
+
+// Box-Muller normal from the project RNG (deterministic for a seed).
+static float randn(rng_t *r) {
+    float u1 = rng_uniform(r), u2 = rng_uniform(r);
+    if (u1 < 1e-12f) u1 = 1e-12f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+void model_init_random(model_t *m, uint64_t seed) {
+    const hf_config_t *c = &m->cfg;
+    size_t sizes[MODEL_N_TENSORS];
+    model_param_sizes(c, sizes);
+    float *host = xmalloc(sizeof(float) * m->n_params);
+    rng_t r;
+    rng_seed(&r, seed);
+    float out_scale = 1.0f / sqrtf(2.0f * c->num_hidden_layers);
+    size_t off = 0;
+    for (int i = 0; i < MODEL_N_TENSORS; i++) {
+        for (size_t j = 0; j < sizes[i]; j++) {
+            float v;
+            if (i == T_ATTN_NORM || i == T_MLP_NORM || i == T_FNORM) v = 1.0f;
+            else if (i == T_BQ || i == T_BK || i == T_BV) v = 0.0f;
+            else v = 0.02f * randn(&r) * ((i == T_WO || i == T_WD) ? out_scale : 1.0f);
+            host[off + j] = v;
+        }
+        off += sizes[i];
+    }
+    m->k->to_dev(m->params, host, sizeof(float) * m->n_params);
+    free(host);
+}
+
+// --- files ------------------------------------------------------------------------------------------
+
+static void tensor_shape(const hf_config_t *c, int kind, int64_t shape[2], int *ndim) {
+    int64_t r, cc;
+    int pl;
+    kind_shape(c, kind, &r, &cc, &pl);
+    shape[0] = r;
+    shape[1] = cc;
+    *ndim = cc ? 2 : 1;
+}
+
+model_t *model_load(const char *dir, const kernels_t *k, char *err) {
+    char path[4096], name[256], e2[ERR_LEN];
+    hf_config_t cfg;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (hf_config_load(&cfg, path, e2)) {
+        err_set(err, "%s", e2);
+        return NULL;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_file_t *f = st_open(path, e2);
+    if (!f) {
+        err_set(err, "%s", e2);
+        return NULL;
+    }
+    model_t *m = model_new(&cfg, k, err);
+    if (!m) goto fail;
+    size_t sizes[MODEL_N_TENSORS];
+    model_param_sizes(&cfg, sizes);
+    float *host = xmalloc(sizeof(float) * m->n_params);
+    size_t off = 0;
+    for (int kind = 0; kind < MODEL_N_TENSORS; kind++) {
+        if (!sizes[kind]) continue;
+        int64_t shape[2];
+        int nd;
+        tensor_shape(&cfg, kind, shape, &nd);
+        int layers = (kind == T_EMBED || kind == T_FNORM || kind == T_HEAD) ? 1 : cfg.num_hidden_layers;
+        size_t per = sizes[kind] / layers;
+        for (int l = 0; l < layers; l++) {
+            model_tensor_name(&cfg, kind, l, name, sizeof name);
+            if (st_read_f32(f, name, nd, shape, host + off + per * l, e2)) {
+                err_set(err, "%s", e2);
+                free(host);
+                goto fail;
+            }
+        }
+        off += sizes[kind];
+    }
+    k->to_dev(m->params, host, sizeof(float) * m->n_params);
+    free(host);
+    st_close(&f);
+    return m;
+fail:
+    model_destroy(&m);
+    st_close(&f);
+    return NULL;
+}
+
+int model_save(const model_t *m, const char *dir, char *err) {
+    char path[4096], e2[ERR_LEN];
+    const hf_config_t *cfg = &m->cfg;
+    if (util_mkdirs(dir, err)) return -1;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (hf_config_save(cfg, path, e2)) return err_set(err, "%s", e2);
+    size_t sizes[MODEL_N_TENSORS];
+    model_param_sizes(cfg, sizes);
+    float *host = xmalloc(sizeof(float) * m->n_params);
+    m->k->to_host(host, m->params, sizeof(float) * m->n_params);
+    st_writer_t *w = st_writer_new();
+    st_writer_metadata(w, "format", "pt");
+    // Names must outlive the writer's add calls only for the call itself (the writer copies names).
+    size_t off = 0;
+    for (int kind = 0; kind < MODEL_N_TENSORS; kind++) {
+        if (!sizes[kind]) continue;
+        int64_t shape[2];
+        int nd;
+        tensor_shape(cfg, kind, shape, &nd);
+        int layers = (kind == T_EMBED || kind == T_FNORM || kind == T_HEAD) ? 1 : cfg->num_hidden_layers;
+        size_t per = sizes[kind] / layers;
+        for (int l = 0; l < layers; l++) {
+            char name[256];
+            model_tensor_name(cfg, kind, l, name, sizeof name);
+            st_writer_add_f32(w, name, nd, shape, host + off + per * l);
+        }
+        off += sizes[kind];
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    int rc = st_writer_save(w, path, e2);
+    if (rc) err_set(err, "%s", e2);
+    st_writer_destroy(&w);
+    free(host);
+    return rc;
+}

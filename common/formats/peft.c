@@ -1,0 +1,180 @@
+// peft.c - Hugging Face PEFT LoRA adapters: target names, tensor names, adapter_config.json.
+#include "peft.h"
+
+#include <cjson/cJSON.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const target_names[LORA_N_TARGETS] = {
+    [LORA_Q] = "q_proj",       [LORA_K] = "k_proj",   [LORA_V] = "v_proj",       [LORA_O] = "o_proj",
+    [LORA_GATE] = "gate_proj", [LORA_UP] = "up_proj", [LORA_DOWN] = "down_proj",
+};
+
+const char *peft_target_name(lora_target_t t) {
+    return (int)t >= 0 && (int)t < LORA_N_TARGETS ? target_names[t] : NULL;
+}
+
+int peft_target_parse(const char *name) {
+    if (!name) return -1;
+    for (int i = 0; i < LORA_N_TARGETS; i++) {
+        const char *full = target_names[i];
+        size_t stem = strlen(full) - strlen("_proj");
+        if (!strcmp(name, full) || (strlen(name) == stem && !strncmp(name, full, stem))) return i;
+    }
+    return -1;
+}
+
+void peft_tensor_name(char *buf, size_t n, int layer, lora_target_t t, char ab) {
+    ASSERT(layer >= 0 && (int)t >= 0 && (int)t < LORA_N_TARGETS && (ab == 'A' || ab == 'B'));
+    const char *block = t <= LORA_O ? "self_attn" : "mlp";
+    snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer, block, target_names[t], ab);
+}
+
+// Options that change what the adapter computes; this implementation does plain LoRA only, so
+// accepting them would silently give different outputs than PEFT.
+static int check_unsupported(const cJSON *root, const char *src, char *err) {
+    static const char *const flags[] = {"use_rslora", "use_dora"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, flags[i])))
+            return err_set(err, "%s: %s is not supported", src, flags[i]);
+    const cJSON *bias = cJSON_GetObjectItemCaseSensitive(root, "bias");
+    if (bias && !cJSON_IsNull(bias) && !(cJSON_IsString(bias) && !strcmp(bias->valuestring, "none")))
+        return err_set(err, "%s: bias must be \"none\" (LoRA bias terms are not supported)", src);
+    static const char *const maps[] = {"rank_pattern", "alpha_pattern", "modules_to_save"};
+    for (size_t i = 0; i < sizeof maps / sizeof maps[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, maps[i]);
+        if (v && !cJSON_IsNull(v) && !((cJSON_IsObject(v) || cJSON_IsArray(v)) && !v->child))
+            return err_set(err, "%s: %s is not supported", src, maps[i]);
+    }
+    return 0;
+}
+
+static int parse_targets(const cJSON *tm, const char *src, unsigned *out, char *err) {
+    *out = 0;
+    // PEFT's shorthand for every linear layer except the output head.
+    if (cJSON_IsString(tm) && !strcmp(tm->valuestring, "all-linear")) {
+        *out = LORA_ALL_TARGETS;
+        return 0;
+    }
+    if (!cJSON_IsArray(tm)) return err_set(err, "%s: target_modules must be a list of module names", src);
+    for (const cJSON *v = tm->child; v; v = v->next) {
+        if (!cJSON_IsString(v)) return err_set(err, "%s: target_modules must be a list of module names", src);
+        int t = peft_target_parse(v->valuestring);
+        if (t < 0)
+            return err_set(err, "%s: unknown target module '%.64s' (expected q_proj, k_proj, v_proj, o_proj, "
+                                "gate_proj, up_proj, down_proj)",
+                           src, v->valuestring);
+        *out |= 1u << t;
+    }
+    if (!*out) return err_set(err, "%s: target_modules is empty", src);
+    return 0;
+}
+
+static int parse(peft_config_t *cfg, const char *json, const char *src, char *err) {
+    memset(cfg, 0, sizeof *cfg);
+    cJSON *root = cJSON_Parse(json);
+    if (!root) return err_set(err, "%s: not valid JSON", src);
+    if (!cJSON_IsObject(root)) {
+        err_set(err, "%s: not a JSON object", src);
+        goto fail;
+    }
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
+    if (!cJSON_IsString(pt) || strcmp(pt->valuestring, "LORA") != 0) {
+        err_set(err, "%s: peft_type must be \"LORA\"", src);
+        goto fail;
+    }
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, "r");
+    if (!cJSON_IsNumber(r) || !(r->valuedouble >= 1 && r->valuedouble <= INT_MAX) ||
+        r->valuedouble != (double)(int)r->valuedouble) {
+        err_set(err, "%s: r must be a positive integer", src);
+        goto fail;
+    }
+    cfg->r = (int)r->valuedouble;
+    const cJSON *alpha = cJSON_GetObjectItemCaseSensitive(root, "lora_alpha");
+    if (!cJSON_IsNumber(alpha) || !(fabs(alpha->valuedouble) <= FLT_MAX)) {
+        err_set(err, "%s: lora_alpha must be a number", src);
+        goto fail;
+    }
+    cfg->alpha = (float)alpha->valuedouble;
+    if (parse_targets(cJSON_GetObjectItemCaseSensitive(root, "target_modules"), src, &cfg->targets, err) != 0 ||
+        check_unsupported(root, src, err) != 0)
+        goto fail;
+    const cJSON *base = cJSON_GetObjectItemCaseSensitive(root, "base_model_name_or_path");
+    if (base && !cJSON_IsNull(base)) {
+        if (!cJSON_IsString(base)) {
+            err_set(err, "%s: base_model_name_or_path must be a string", src);
+            goto fail;
+        }
+        snprintf(cfg->base_model, sizeof cfg->base_model, "%s", base->valuestring);
+    }
+    cJSON_Delete(root);
+    return 0;
+fail:
+    cJSON_Delete(root);
+    return -1;
+}
+
+int peft_config_parse(peft_config_t *cfg, const char *json, char *err) {
+    return parse(cfg, json, "adapter_config.json", err);
+}
+
+int peft_config_load(peft_config_t *cfg, const char *path, char *err) {
+    char *text = util_read_file(path, NULL, err);
+    if (!text) return -1;
+    int rc = parse(cfg, text, path, err);
+    free(text);
+    return rc;
+}
+
+// cJSON allocates with plain malloc; out of memory while building a document aborts, as xmalloc does.
+static cJSON *json_need(cJSON *x) {
+    if (!x) {
+        fprintf(stderr, "FATAL out of memory building adapter_config.json\n");
+        abort();
+    }
+    return x;
+}
+
+// The shortest decimal that reads back as x (alpha 16 is written "16", 0.1f as "0.1").
+static double float_for_json(float x) {
+    char buf[32];
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)x);
+        if ((float)strtod(buf, NULL) == x) return strtod(buf, NULL);
+    }
+    return (double)x;
+}
+
+int peft_config_save(const peft_config_t *cfg, const char *path, char *err) {
+    if (cfg->r <= 0) return err_set(err, "%s: r must be positive, got %d", path, cfg->r);
+    if (!cfg->targets || (cfg->targets & ~LORA_ALL_TARGETS))
+        return err_set(err, "%s: invalid target mask 0x%x", path, cfg->targets);
+    if (!isfinite(cfg->alpha)) return err_set(err, "%s: lora_alpha is not finite", path);
+
+    cJSON *root = json_need(cJSON_CreateObject());
+    json_need(cJSON_AddStringToObject(root, "peft_type", "LORA"));
+    json_need(cJSON_AddStringToObject(root, "task_type", "CAUSAL_LM"));
+    json_need(cJSON_AddNumberToObject(root, "r", cfg->r));
+    json_need(cJSON_AddNumberToObject(root, "lora_alpha", float_for_json(cfg->alpha)));
+    json_need(cJSON_AddNumberToObject(root, "lora_dropout", 0.0));
+    json_need(cJSON_AddStringToObject(root, "bias", "none"));
+    cJSON *tm = json_need(cJSON_AddArrayToObject(root, "target_modules"));
+    for (int t = 0; t < LORA_N_TARGETS; t++)
+        if (cfg->targets & (1u << t))
+            if (!cJSON_AddItemToArray(tm, json_need(cJSON_CreateString(target_names[t])))) json_need(NULL);
+    if (cfg->base_model[0])
+        json_need(cJSON_AddStringToObject(root, "base_model_name_or_path", cfg->base_model));
+    else
+        json_need(cJSON_AddNullToObject(root, "base_model_name_or_path"));
+
+    char *json = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!json) json_need(NULL);
+    int rc = util_write_file(path, json, strlen(json), err);
+    cJSON_free(json);
+    return rc;
+}

@@ -1,0 +1,171 @@
+// util.c - error strings, checked allocation, clocks, whole-file IO, thread settings.
+#include "util.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+int err_set(char *err, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, ERR_LEN, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static void oom(size_t n, const char *file, int line) {
+    fprintf(stderr, "FATAL out of memory allocating %zu bytes at %s:%d\n", n, file, line);
+    abort();
+}
+
+void *util_xmalloc(size_t n, const char *file, int line) {
+    void *p = malloc(n ? n : 1);
+    if (!p) oom(n, file, line);
+    return p;
+}
+
+void *util_xcalloc(size_t n, size_t sz, const char *file, int line) {
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    if (!p) oom(n * sz, file, line);
+    return p;
+}
+
+void *util_xrealloc(void *p, size_t n, const char *file, int line) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) oom(n, file, line);
+    return q;
+}
+
+char *util_xstrdup(const char *s, const char *file, int line) {
+    size_t n = strlen(s) + 1;
+    char *d = util_xmalloc(n, file, line);
+    memcpy(d, s, n);
+    return d;
+}
+
+float *util_falloc(size_t n, const char *file, int line) {
+    size_t bytes = (n ? n : 1) * sizeof(float);
+    bytes = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, bytes);
+    if (!p) oom(bytes, file, line);
+    return p;
+}
+
+void util_assert_fail(const char *what, const char *file, int line) {
+    fprintf(stderr, "FATAL assertion failed: %s at %s:%d\n", what, file, line);
+    abort();
+}
+
+double util_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double util_cpu_time(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+char *util_read_file(const char *path, size_t *len_out, char *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        err_set(err, "cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fseek(f, 0, SEEK_END) != 0) goto fail;
+    long n = ftell(f);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) goto fail;
+    char *buf = malloc((size_t)n + 1);
+    if (!buf) {
+        fclose(f);
+        err_set(err, "cannot read %s: file of %ld bytes does not fit in memory", path, n);
+        return NULL;
+    }
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        goto fail;
+    }
+    fclose(f);
+    buf[n] = 0;
+    if (len_out) *len_out = (size_t)n;
+    return buf;
+fail:
+    err_set(err, "cannot read %s: %s", path, strerror(errno));
+    fclose(f);
+    return NULL;
+}
+
+int util_write_file(const char *path, const void *buf, size_t len, char *err) {
+    size_t n = strlen(path) + 32;
+    char *tmp = xmalloc(n);
+    snprintf(tmp, n, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        err_set(err, "cannot create %s: %s", tmp, strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    int ok = fwrite(buf, 1, len, f) == len;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        err_set(err, "cannot write %s: %s", path, strerror(errno));
+        unlink(tmp);
+        free(tmp);
+        return -1;
+    }
+    free(tmp);
+    return 0;
+}
+
+int util_mkdirs(const char *path, char *err) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) return err_set(err, "bad directory path '%s'", path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == 0) {
+            char c = buf[i];
+            buf[i] = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return err_set(err, "cannot create directory %s: %s", buf, strerror(errno));
+            buf[i] = c;
+        }
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return err_set(err, "%s exists and is not a directory", path);
+    return 0;
+}
+
+// OpenBLAS exports this; declared here so no BLAS header is needed in util.
+extern void openblas_set_num_threads(int n) __attribute__((weak));
+
+int util_threads(void) {
+    const char *s = getenv("MARLAAS_THREADS");
+    if (s && *s) {
+        int n = atoi(s);
+        if (n >= 1 && n <= 1024) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n >= 1 ? (int)n : 1;
+}
+
+void util_threads_init(void) {
+    int n = util_threads();
+    if (openblas_set_num_threads) openblas_set_num_threads(n);
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#endif
+}

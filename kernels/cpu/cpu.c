@@ -1,0 +1,488 @@
+// cpu.c - the CPU compute backend: OpenBLAS sgemm for dense products, C loops (vectorised by
+// the compiler, threaded with OpenMP) for everything else. This is the reference backend:
+// every other backend is tested against these functions.
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+// --- memory --------------------------------------------------------------------------------
+
+static void *cpu_alloc(size_t bytes) {
+    size_t n = (bytes + 63) & ~(size_t)63;
+    if (n == 0) n = 64;
+    void *p = aligned_alloc(64, n);
+    if (!p) {
+        fprintf(stderr, "FATAL out of memory allocating %zu bytes at %s:%d\n", bytes, __FILE__, __LINE__);
+        abort();
+    }
+    memset(p, 0, n);
+    return p;
+}
+
+static void cpu_free(void *p) { free(p); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) {
+    if (dst != src && bytes) memcpy(dst, src, bytes);
+}
+static void cpu_zero(void *p, size_t bytes) {
+    if (bytes) memset(p, 0, bytes);
+}
+
+// --- dense ---------------------------------------------------------------------------------
+
+static void cpu_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                     int ldb, float beta, float *C, int ldc) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        // BLAS leaves C untouched for K = 0 only when beta = 1; make the semantics explicit.
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+        return;
+    }
+    // A few rows against a weight matrix (decode at small batch): sgemm would pack the whole
+    // weight matrix for every call; matrix-vector products read it once per row instead.
+    if (M <= 2 && !ta) {
+        for (int i = 0; i < M; i++)
+            cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, tb ? N : K, tb ? K : N, alpha, B, ldb,
+                        A + (size_t)i * lda, 1, beta, C + (size_t)i * ldc, 1);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
+                B, ldb, beta, C, ldc);
+}
+
+static void cpu_axpy(size_t n, float alpha, const float *x, float *y) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) y[i] += alpha * x[i];
+}
+
+static void cpu_scale(size_t n, float alpha, float *x) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) x[i] *= alpha;
+}
+
+static double cpu_sumsq(size_t n, const float *x) {
+    double s = 0.0;
+#pragma omp parallel for reduction(+ : s) schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+static bool cpu_all_finite(size_t n, const float *x) {
+    int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) bad |= !isfinite(x[i]);
+    return !bad;
+}
+
+// --- transformer pieces ----------------------------------------------------------------------
+
+// `omp simd reduction` lets the compiler split the sum over vector lanes (plain C would force a
+// serial chain of dependent adds). The order is fixed for a build, so results stay deterministic
+// and the inference and training paths, which share this function, agree.
+static inline __attribute__((always_inline)) float dot(const float *restrict a, const float *restrict b, int n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void cpu_embed(float *out, const float *table, const int32_t *tokens, int n, int dim) {
+#pragma omp parallel for schedule(static) if (n > 64)
+    for (int i = 0; i < n; i++) memcpy(out + (size_t)i * dim, table + (size_t)tokens[i] * dim, dim * sizeof(float));
+}
+
+static void cpu_embed_bwd(float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
+    // Serial: two rows may share a token.
+    for (int i = 0; i < n; i++) {
+        float *d = dtable + (size_t)tokens[i] * dim;
+        const float *g = dout + (size_t)i * dim;
+        for (int j = 0; j < dim; j++) d[j] += g[j];
+    }
+}
+
+static void cpu_rmsnorm(float *out, float *rstd, const float *x, const float *w, int n, int dim, float eps) {
+#pragma omp parallel for schedule(static) if (n > 16)
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * dim;
+        float *oi = out + (size_t)i * dim;
+        float ss = dot(xi, xi, dim);
+        float r = 1.0f / sqrtf(ss / dim + eps);
+        if (rstd) rstd[i] = r;
+        for (int j = 0; j < dim; j++) oi[j] = xi[j] * r * w[j];
+    }
+}
+
+// y = x * r * w, r = (mean(x^2) + eps)^-1/2:
+//   dx = r * (dy*w) - x * r^3 / dim * sum(dy*w*x);   dw = sum_rows dy * x * r
+static void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
+                            int n, int dim) {
+#pragma omp parallel for schedule(static) if (n > 16)
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * dim, *gi = dout + (size_t)i * dim;
+        float *di = dx + (size_t)i * dim;
+        float r = rstd[i];
+        float gwx = 0.0f;
+#pragma omp simd reduction(+ : gwx)
+        for (int j = 0; j < dim; j++) gwx += gi[j] * w[j] * xi[j];
+        float c = gwx * r * r * r / dim;
+        for (int j = 0; j < dim; j++) di[j] += r * gi[j] * w[j] - c * xi[j];
+    }
+    if (dw) {
+        for (int i = 0; i < n; i++) {
+            const float *xi = x + (size_t)i * dim, *gi = dout + (size_t)i * dim;
+            float r = rstd[i];
+            for (int j = 0; j < dim; j++) dw[j] += gi[j] * xi[j] * r;
+        }
+    }
+}
+
+static void cpu_add_bias(float *x, const float *b, int n, int dim) {
+#pragma omp parallel for schedule(static) if (n > 64)
+    for (int i = 0; i < n; i++) {
+        float *xi = x + (size_t)i * dim;
+        for (int j = 0; j < dim; j++) xi[j] += b[j];
+    }
+}
+
+static void cpu_bias_bwd(float *db, const float *dy, int n, int dim) {
+    for (int i = 0; i < n; i++) {
+        const float *g = dy + (size_t)i * dim;
+        for (int j = 0; j < dim; j++) db[j] += g[j];
+    }
+}
+
+static void cpu_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim, const float *cos_t,
+                     const float *sin_t, bool inverse) {
+    int half = head_dim / 2;
+    float sgn = inverse ? -1.0f : 1.0f;
+#pragma omp parallel for schedule(static) if (n > 16)
+    for (int i = 0; i < n; i++) {
+        const float *c = cos_t + (size_t)pos[i] * half, *s = sin_t + (size_t)pos[i] * half;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)i * n_heads + h) * head_dim;
+            for (int j = 0; j < half; j++) {
+                float a = v[j], b = v[j + half], sj = sgn * s[j];
+                v[j] = a * c[j] - b * sj;
+                v[j + half] = b * c[j] + a * sj;
+            }
+        }
+    }
+}
+
+static inline float silu(float g) { return g / (1.0f + expf(-g)); }
+
+static void cpu_swiglu(float *h, const float *g, const float *u, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) h[i] = silu(g[i]) * u[i];
+}
+
+static void cpu_swiglu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + expf(-g[i]));
+        float sg = g[i] * s;
+        float d = dh[i];
+        du[i] = d * sg;
+        dg[i] = d * u[i] * (s + sg * (1.0f - s));
+    }
+}
+
+
+// One query row against ctx key/value rows given by pointer arrays: scores, softmax (two
+// passes over a scratch of ctx floats), weighted sum of values. Returns the log-sum-exp of the
+// scaled scores (saved for the backward pass). restrict lets the value loop vectorise.
+static float attn_row(float *restrict out, const float *restrict q, const float *const *restrict kp,
+                      const float *const *restrict vp, int ctx, int hd, float scale, float *restrict scores) {
+    float mx = -INFINITY;
+    for (int p = 0; p < ctx; p++) {
+        float s = dot(q, kp[p], hd) * scale;
+        scores[p] = s;
+        mx = s > mx ? s : mx;
+    }
+    float sum = 0.0f;
+    for (int p = 0; p < ctx; p++) {
+        scores[p] = expf(scores[p] - mx);
+        sum += scores[p];
+    }
+    float inv = 1.0f / sum;
+    for (int d = 0; d < hd; d++) out[d] = 0.0f;
+    for (int p = 0; p < ctx; p++) {
+        const float *restrict v = vp[p];
+        float w = scores[p] * inv;
+#pragma omp simd
+        for (int d = 0; d < hd; d++) out[d] += w * v[d];
+    }
+    return mx + logf(sum);
+}
+
+// Per-thread scratch: scores plus K and V row pointer arrays for up to n positions.
+typedef struct {
+    float *scores;
+    const float **kp, **vp;
+} attn_scratch_t;
+
+static attn_scratch_t scratch_new(int n) {
+    if (n < 1) n = 1;
+    attn_scratch_t s = {malloc(sizeof(float) * (size_t)n), malloc(sizeof(float *) * (size_t)n),
+                        malloc(sizeof(float *) * (size_t)n)};
+    if (!s.scores || !s.kp || !s.vp) {
+        fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
+        abort();
+    }
+    return s;
+}
+
+static void scratch_free(attn_scratch_t *s) {
+    free(s->scores);
+    free(s->kp);
+    free(s->vp);
+}
+
+static void cpu_attn_paged(float *out, const float *q, const kern_paged_attn_t *a) {
+    int H = a->n_heads, hd = a->head_dim, grp = a->n_heads / a->n_kv_heads, kvd = a->n_kv_heads * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int bs = a->block_size;
+#pragma omp parallel
+    {
+        attn_scratch_t sc = scratch_new(a->max_ctx);
+#pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < a->n_tokens; i++) {
+            const int *tab = a->tables[a->seq_of[i]];
+            int ctx = a->pos[i] + 1;
+            for (int kh = 0; kh < a->n_kv_heads; kh++) {
+                for (int p = 0; p < ctx; p++) {
+                    size_t off = (size_t)tab[p / bs] * a->block_stride + (size_t)(p % bs) * kvd + (size_t)kh * hd;
+                    sc.kp[p] = a->k_base + off;
+                    sc.vp[p] = a->v_base + off;
+                }
+                for (int h = kh * grp; h < (kh + 1) * grp; h++)
+                    attn_row(out + ((size_t)i * H + h) * hd, q + ((size_t)i * H + h) * hd, sc.kp, sc.vp, ctx, hd, scale,
+                             sc.scores);
+            }
+        }
+        scratch_free(&sc);
+    }
+}
+
+static void cpu_attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                         const kern_packed_attn_t *a) {
+    int H = a->n_heads, hd = a->head_dim, grp = a->n_heads / a->n_kv_heads, kvd = a->n_kv_heads * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+#pragma omp parallel
+    {
+        attn_scratch_t sc = scratch_new(a->max_len);
+#pragma omp for schedule(dynamic, 1)
+        for (int s = 0; s < a->n_seqs; s++) {
+            for (int kh = 0; kh < a->n_kv_heads; kh++) {
+                size_t base = (size_t)a->start[s] * kvd + (size_t)kh * hd;
+                for (int p = 0; p < a->len[s]; p++) {
+                    sc.kp[p] = k + base + (size_t)p * kvd;
+                    sc.vp[p] = v + base + (size_t)p * kvd;
+                }
+                for (int t = 0; t < a->len[s]; t++) {
+                    size_t i = (size_t)a->start[s] + t;
+                    for (int h = kh * grp; h < (kh + 1) * grp; h++)
+                        lse[i * H + h] = attn_row(out + (i * H + h) * hd, q + (i * H + h) * hd, sc.kp, sc.vp, t + 1,
+                                                  hd, scale, sc.scores);
+                }
+            }
+        }
+        scratch_free(&sc);
+    }
+}
+
+// Backward of softmax attention with P recomputed from lse:
+//   P_tj = exp(s_tj - lse_t), dP_tj = dout_t . v_j, D_t = dout_t . out_t,
+//   dS_tj = P_tj (dP_tj - D_t), dq_t = scale sum_j dS_tj k_j,
+//   dk_j += scale dS_tj q_t, dv_j += P_tj dout_t.
+// Parallel over (sequence, kv head) so that every thread owns the dk/dv rows it writes.
+static void cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                         const float *q, const float *k, const float *v, const kern_packed_attn_t *a) {
+    int H = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = H / KV, kvd = KV * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    memset(dq, 0, sizeof(float) * (size_t)a->n_tokens * H * hd);
+    memset(dk, 0, sizeof(float) * (size_t)a->n_tokens * kvd);
+    memset(dv, 0, sizeof(float) * (size_t)a->n_tokens * kvd);
+#pragma omp parallel for schedule(dynamic, 1) collapse(2)
+    for (int s = 0; s < a->n_seqs; s++) {
+        for (int kh = 0; kh < KV; kh++) {
+            size_t base = (size_t)a->start[s];
+            size_t koff = (size_t)kh * hd;
+            for (int g = 0; g < grp; g++) {
+                int h = kh * grp + g;
+                for (int t = 0; t < a->len[s]; t++) {
+                    size_t i = base + t;
+                    const float *qh = q + (i * H + h) * hd, *doh = dout + (i * H + h) * hd, *oh = out + (i * H + h) * hd;
+                    float *dqh = dq + (i * H + h) * hd;
+                    float L = lse[i * H + h];
+                    float D = dot(doh, oh, hd);
+                    for (int j = 0; j <= t; j++) {
+                        const float *kj = k + (base + j) * kvd + koff, *vj = v + (base + j) * kvd + koff;
+                        float P = expf(dot(qh, kj, hd) * scale - L);
+                        float dP = dot(doh, vj, hd);
+                        float dS = P * (dP - D) * scale;
+                        float *dkj = dk + (base + j) * kvd + koff, *dvj = dv + (base + j) * kvd + koff;
+                        for (int d = 0; d < hd; d++) {
+                            dqh[d] += dS * kj[d];
+                            dkj[d] += dS * qh[d];
+                            dvj[d] += P * doh[d];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// --- multi-LoRA -------------------------------------------------------------------------------
+// Large segments (prefill, training) go to sgemm; the many one-row segments of a decode step
+// with many adapters are done together in one threaded loop, where a BLAS call per segment
+// would cost more in call overhead than in arithmetic.
+#define LORA_GEMM_MIN_ROWS 8
+
+static void cpu_lora_shrink(float *T, int ldt, const float *X, int in, const kern_lora_seg_t *seg, int n_seg) {
+    int small = 0;
+    for (int s = 0; s < n_seg; s++) {
+        const kern_lora_seg_t *g = &seg[s];
+        if (g->n_rows >= LORA_GEMM_MIN_ROWS)
+            cpu_gemm(false, true, g->n_rows, g->rank, in, 1.0f, X + (size_t)g->row0 * in, in, g->A, in, 0.0f,
+                     T + (size_t)g->row0 * ldt, ldt);
+        else
+            small++;
+    }
+    if (!small) return;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int s = 0; s < n_seg; s++) {
+        const kern_lora_seg_t *g = &seg[s];
+        if (g->n_rows >= LORA_GEMM_MIN_ROWS) continue;
+        for (int r = g->row0; r < g->row0 + g->n_rows; r++)
+            for (int j = 0; j < g->rank; j++) T[(size_t)r * ldt + j] = dot(X + (size_t)r * in, g->A + (size_t)j * in, in);
+    }
+}
+
+static void cpu_lora_expand(float *Y, int out, const float *T, int ldt, const kern_lora_seg_t *seg, int n_seg) {
+    int small = 0;
+    for (int s = 0; s < n_seg; s++) {
+        const kern_lora_seg_t *g = &seg[s];
+        if (g->n_rows >= LORA_GEMM_MIN_ROWS)
+            cpu_gemm(false, true, g->n_rows, out, g->rank, g->scale, T + (size_t)g->row0 * ldt, ldt, g->B, g->rank,
+                     1.0f, Y + (size_t)g->row0 * out, out);
+        else
+            small++;
+    }
+    if (!small) return;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int s = 0; s < n_seg; s++) {
+        const kern_lora_seg_t *g = &seg[s];
+        if (g->n_rows >= LORA_GEMM_MIN_ROWS) continue;
+        for (int r = g->row0; r < g->row0 + g->n_rows; r++) {
+            float t[64];
+            const float *tr = T + (size_t)r * ldt;
+            float *y = Y + (size_t)r * out;
+            for (int j0 = 0; j0 < g->rank; j0 += 64) {
+                int nj = g->rank - j0 < 64 ? g->rank - j0 : 64;
+                for (int j = 0; j < nj; j++) t[j] = g->scale * tr[j0 + j];
+                for (int o = 0; o < out; o++) y[o] += dot(g->B + (size_t)o * g->rank + j0, t, nj);
+            }
+        }
+    }
+}
+
+// --- losses ----------------------------------------------------------------------------------
+
+static void cpu_token_logprobs(float *logp, float *entropy, const float *logits, const int32_t *target, int n, int V,
+                               float T) {
+    if (T <= 0.0f) T = 1.0f;
+    float invT = 1.0f / T;
+#pragma omp parallel for schedule(static) if (n > 8)
+    for (int r = 0; r < n; r++) {
+        const float *z = logits + (size_t)r * V;
+        float mx = -INFINITY;
+        for (int j = 0; j < V; j++)
+            if (z[j] * invT > mx) mx = z[j] * invT;
+        double sum = 0.0, sz = 0.0;
+        for (int j = 0; j < V; j++) {
+            double e = exp((double)(z[j] * invT - mx));
+            sum += e;
+            sz += e * (double)(z[j] * invT - mx);
+        }
+        double lse = (double)mx + log(sum);
+        logp[r] = (float)((double)(z[target[r]] * invT) - lse);
+        // H = lse - E[z/T]
+        if (entropy) entropy[r] = (float)(log(sum) - sz / sum);
+    }
+}
+
+static void cpu_logprob_bwd(float *logits, const float *dlogp, const int32_t *target, int n, int V, float T) {
+    if (T <= 0.0f) T = 1.0f;
+    float invT = 1.0f / T;
+#pragma omp parallel for schedule(static) if (n > 8)
+    for (int r = 0; r < n; r++) {
+        float *z = logits + (size_t)r * V;
+        float g = dlogp[r];
+        if (g == 0.0f) {
+            memset(z, 0, sizeof(float) * V);
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int j = 0; j < V; j++)
+            if (z[j] * invT > mx) mx = z[j] * invT;
+        double sum = 0.0;
+        for (int j = 0; j < V; j++) sum += exp((double)(z[j] * invT - mx));
+        float inv = (float)(1.0 / sum);
+        for (int j = 0; j < V; j++) z[j] = -g * invT * expf(z[j] * invT - mx) * inv;
+        z[target[r]] += g * invT;
+    }
+}
+
+// --- optimizer -------------------------------------------------------------------------------
+
+static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
+                      float wd, float bc1, float bc2, float gscale) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] * gscale;
+        m[i] = b1 * m[i] + (1.0f - b1) * gi;
+        v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+        float mh = m[i] / bc1, vh = v[i] / bc2;
+        p[i] -= lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
+    }
+}
+
+static const kernels_t cpu_kernels = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .to_dev = cpu_copy,
+    .to_host = cpu_copy,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
+    .gemm = cpu_gemm,
+    .axpy = cpu_axpy,
+    .scale = cpu_scale,
+    .sumsq = cpu_sumsq,
+    .all_finite = cpu_all_finite,
+    .embed = cpu_embed,
+    .embed_bwd = cpu_embed_bwd,
+    .rmsnorm = cpu_rmsnorm,
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .add_bias = cpu_add_bias,
+    .bias_bwd = cpu_bias_bwd,
+    .rope = cpu_rope,
+    .swiglu = cpu_swiglu,
+    .swiglu_bwd = cpu_swiglu_bwd,
+    .attn_paged = cpu_attn_paged,
+    .attn_fwd = cpu_attn_fwd,
+    .attn_bwd = cpu_attn_bwd,
+    .lora_shrink = cpu_lora_shrink,
+    .lora_expand = cpu_lora_expand,
+    .token_logprobs = cpu_token_logprobs,
+    .logprob_bwd = cpu_logprob_bwd,
+    .adamw = cpu_adamw,
+};
+
+const kernels_t *kernels_cpu(void) { return &cpu_kernels; }

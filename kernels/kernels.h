@@ -1,0 +1,125 @@
+// kernels.h - the compute backend interface: a table of function pointers.
+//
+// Every op works on backend memory (host memory for `cpu`, device memory for `cuda`) obtained
+// from the table's alloc. Row-major everywhere; shapes are given in the comments as (rows, cols).
+// The CPU backend (kernels/cpu) is the reference every other backend is tested against.
+// This header knows nothing of the rest of the project: kernels use nothing of ours.
+#ifndef MARLAAS_KERNELS_H
+#define MARLAAS_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+// Paged attention arguments for one batch step (inference path).
+// Query token i belongs to sequence seq_of[i] and sits at position pos[i]; it attends to
+// positions 0..pos[i] of that sequence, whose K/V rows live in the paged pool:
+//   row(p) = k_base + tables[seq][p / block_size] * block_stride + (p % block_size) * kv_dim
+typedef struct {
+    const float *k_base, *v_base;   // pool base for this layer
+    size_t block_stride;            // floats between consecutive blocks
+    int block_size;
+    const int *const *tables;       // (n_seqs) block tables
+    const int *seq_of;              // (n_tokens)
+    const int32_t *pos;             // (n_tokens)
+    int n_tokens, n_heads, n_kv_heads, head_dim;
+    int max_ctx;                    // max(pos) + 1 over the batch (scratch sizing)
+} kern_paged_attn_t;
+
+// Packed causal attention (training path): sequence s occupies rows start[s] .. start[s]+len[s]-1
+// of q (N, H*hd), k and v (N, KV*hd); token t of a sequence attends to tokens 0..t of it.
+typedef struct {
+    const int *start, *len;
+    int n_seqs, n_tokens, n_heads, n_kv_heads, head_dim;
+    int max_len;
+} kern_packed_attn_t;
+
+// One segment of a multi-LoRA (SGMV) product: rows row0 .. row0+n_rows-1 use adapter matrices
+// A (rank, in) and B (out, rank) with the given scale.
+typedef struct {
+    int row0, n_rows, rank;
+    const float *A, *B;
+    float scale;
+} kern_lora_seg_t;
+
+typedef struct kernels {
+    const char *name;
+
+    // --- memory -------------------------------------------------------------------------
+    void *(*alloc)(size_t bytes);                       // zero-filled; aborts on OOM
+    void (*free)(void *p);
+    void (*to_dev)(void *dst, const void *src, size_t bytes);
+    void (*to_host)(void *dst, const void *src, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);   // device to device
+    void (*zero)(void *p, size_t bytes);
+
+    // --- dense ----------------------------------------------------------------------------
+    // C (M,N) = alpha * op(A) op(B) + beta * C; op(A) is (M,K), op(B) is (K,N).
+    void (*gemm)(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float beta, float *C, int ldc);
+    // y += alpha * x (n)
+    void (*axpy)(size_t n, float alpha, const float *x, float *y);
+    void (*scale)(size_t n, float alpha, float *x);
+    // Sum of squares in double (grad-norm).
+    double (*sumsq)(size_t n, const float *x);
+    // Returns true when every element is finite.
+    bool (*all_finite)(size_t n, const float *x);
+
+    // --- transformer pieces ---------------------------------------------------------------
+    // out (n, dim) = table[tokens[i]]
+    void (*embed)(float *out, const float *table, const int32_t *tokens, int n, int dim);
+    // dtable[tokens[i]] += dout[i]
+    void (*embed_bwd)(float *dtable, const float *dout, const int32_t *tokens, int n, int dim);
+    // out = x / sqrt(mean(x^2) + eps) * w ; rstd (n) saved for backward (may be NULL).
+    void (*rmsnorm)(float *out, float *rstd, const float *x, const float *w, int n, int dim, float eps);
+    // dx += d/dx, dw += d/dw (dw may be NULL: frozen).
+    void (*rmsnorm_bwd)(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
+                        int n, int dim);
+    // x (n, dim) += b (dim) ; db (dim) += sum_rows dy
+    void (*add_bias)(float *x, const float *b, int n, int dim);
+    void (*bias_bwd)(float *db, const float *dy, int n, int dim);
+    // Rotary embedding in place on x (n, n_heads*head_dim), rotate_half convention: dimension i
+    // pairs with i + head_dim/2. cos/sin tables are (max_pos, head_dim/2). inverse rotates by
+    // -angle (the backward of the forward rotation).
+    void (*rope)(float *x, const int32_t *pos, int n, int n_heads, int head_dim, const float *cos_t,
+                 const float *sin_t, bool inverse);
+    // h = silu(g) * u (n)
+    void (*swiglu)(float *h, const float *g, const float *u, size_t n);
+    // dg = dh * u * silu'(g), du = dh * silu(g)   (overwrite)
+    void (*swiglu_bwd)(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n);
+    // Paged causal attention: out (n_tokens, H*hd) from q (n_tokens, H*hd).
+    void (*attn_paged)(float *out, const float *q, const kern_paged_attn_t *a);
+    // Packed causal attention forward; lse (N, H) saved for backward.
+    void (*attn_fwd)(float *out, float *lse, const float *q, const float *k, const float *v,
+                     const kern_packed_attn_t *a);
+    // Backward: dq, dk, dv (overwrite) from dout.
+    void (*attn_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                     const float *q, const float *k, const float *v, const kern_packed_attn_t *a);
+
+    // Multi-LoRA over all segments in one call (SGMV): shrink T[r, 0:rank] = X[r] A^T, and
+    // expand Y[r] += scale * T[r, 0:rank] B^T. T has row stride ldt; X is (N, in), Y is (N, out).
+    void (*lora_shrink)(float *T, int ldt, const float *X, int in, const kern_lora_seg_t *seg, int n_seg);
+    void (*lora_expand)(float *Y, int out, const float *T, int ldt, const kern_lora_seg_t *seg, int n_seg);
+
+    // --- losses -----------------------------------------------------------------------------
+    // For each row r of logits (n, V): logp[r] = log softmax(logits[r] / T)[target[r]] and
+    // entropy[r] (nats) of that distribution (entropy may be NULL). Log-sum-exp in double.
+    void (*token_logprobs)(float *logp, float *entropy, const float *logits, const int32_t *target, int n, int V,
+                           float T);
+    // In place: logits[r] <- dlogp[r] * (onehot(target[r]) - softmax(logits[r]/T)) / T,
+    // i.e. the gradient of sum_r dlogp[r] * logp[r] with respect to the logits.
+    void (*logprob_bwd)(float *logits, const float *dlogp, const int32_t *target, int n, int V, float T);
+
+    // --- optimizer ------------------------------------------------------------------------
+    // AdamW with decoupled weight decay on n parameters:
+    //   m = b1 m + (1-b1) g ; v = b2 v + (1-b2) g^2
+    //   p -= lr * (m / bc1 / (sqrt(v / bc2) + eps) + wd * p)
+    // bc1 = 1 - b1^t, bc2 = 1 - b2^t; g is multiplied by gscale first (grad clipping).
+    void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
+                  float wd, float bc1, float bc2, float gscale);
+} kernels_t;
+
+// The CPU backend (always present).
+const kernels_t *kernels_cpu(void);
+
+#endif

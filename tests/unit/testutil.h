@@ -1,0 +1,89 @@
+// testutil.h - helpers shared by the unit tests: tiny random models and adapters, comparisons.
+#ifndef MARLAAS_TESTUTIL_H
+#define MARLAAS_TESTUTIL_H
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/engine/engine.h"
+#include "common/engine/sampler.h"
+
+// A tiny Qwen2-like config (GQA, qkv bias, untied head) unless overridden.
+static inline hf_config_t tu_config(void) {
+    hf_config_t c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.model_type, sizeof c.model_type, "qwen2");
+    c.hidden_size = 32;
+    c.intermediate_size = 48;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 8;
+    c.vocab_size = 41;
+    c.max_position_embeddings = 128;
+    c.rms_norm_eps = 1e-6f;
+    c.rope_theta = 10000.0f;
+    c.tie_word_embeddings = false;
+    c.qkv_bias = true;
+    c.bos_token_id = -1;
+    c.eos_token_id = 2;
+    return c;
+}
+
+// A model whose weights are random with a scale large enough that every path matters.
+static inline model_t *tu_model(const hf_config_t *c, uint64_t seed) {
+    char err[ERR_LEN];
+    model_t *m = model_new(c, kernels_cpu(), err);
+    if (!m) {
+        fprintf(stderr, "tu_model: %s\n", err);
+        return NULL;
+    }
+    rng_t r;
+    rng_seed(&r, seed);
+    size_t sizes[MODEL_N_TENSORS];
+    model_param_sizes(c, sizes);
+    size_t off = 0;
+    for (int i = 0; i < MODEL_N_TENSORS; i++) {
+        // norms around 1, everything else uniform(-0.3, 0.3)
+        bool norm = i == 1 || i == 9 || i == 13;
+        for (size_t j = 0; j < sizes[i]; j++)
+            m->params[off + j] = norm ? 1.0f + 0.2f * (2.0f * rng_uniform(&r) - 1.0f)
+                                      : 0.3f * (2.0f * rng_uniform(&r) - 1.0f);
+        off += sizes[i];
+    }
+    return m;
+}
+
+// An adapter with random A and B (a fresh adapter has B = 0, which would hide bugs).
+static inline lora_t *tu_adapter(const hf_config_t *c, int r, unsigned targets, uint64_t seed) {
+    char err[ERR_LEN];
+    peft_config_t pc = {.r = r, .alpha = 2.0f * r, .targets = targets};
+    lora_t *a = lora_new(c, &pc, kernels_cpu(), seed, err);
+    if (!a) return NULL;
+    rng_t rr;
+    rng_seed(&rr, seed ^ 0x9e3779b97f4a7c15ull);
+    for (size_t i = 0; i < a->n_params; i++) a->params[i] = 0.2f * (2.0f * rng_uniform(&rr) - 1.0f);
+    return a;
+}
+
+static inline float tu_max_abs_diff(const float *a, const float *b, size_t n, size_t *where) {
+    float mx = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        if (d > mx || isnan(d)) {
+            mx = isnan(d) ? INFINITY : d;
+            if (where) *where = i;
+        }
+    }
+    return mx;
+}
+
+static inline void tu_tmpdir(char *buf, size_t n, const char *name) {
+    char err[ERR_LEN];
+    snprintf(buf, n, "build/test-tmp/%s-%d", name, (int)getpid());
+    util_mkdirs(buf, err);
+}
+
+#endif
