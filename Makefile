@@ -67,7 +67,7 @@ LDLIBS   += -fsanitize=address,undefined
 endif
 
 # --- sources -----------------------------------------------------------------------------
-LIB_SRC   := $(wildcard common/util/*.c common/formats/*.c common/engine/*.c) $(wildcard kernels/cpu/*.c)
+LIB_SRC   := $(wildcard common/util/*.c common/formats/*.c common/engine/*.c common/tasks/*.c) $(wildcard kernels/cpu/*.c)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB       := $(BUILD)/lib/libmarlaas.a
 UNIT_SRC  := $(wildcard tests/unit/*.c)

@@ -35,7 +35,7 @@ typedef struct {
 } kern_packed_attn_t;
 
 // One segment of a multi-LoRA (SGMV) product: rows row0 .. row0+n_rows-1 use adapter matrices
-// A (rank, in) and B (out, rank) with the given scale.
+// A (rank, in) and B (rank, out) (lora_B transposed) with the given scale.
 typedef struct {
     int row0, n_rows, rank;
     const float *A, *B;
@@ -97,7 +97,7 @@ typedef struct kernels {
                      const float *q, const float *k, const float *v, const kern_packed_attn_t *a);
 
     // Multi-LoRA over all segments in one call (SGMV): shrink T[r, 0:rank] = X[r] A^T, and
-    // expand Y[r] += scale * T[r, 0:rank] B^T. T has row stride ldt; X is (N, in), Y is (N, out).
+    // expand Y[r] += scale * T[r, 0:rank] B. T has row stride ldt; X is (N, in), Y is (N, out).
     void (*lora_shrink)(float *T, int ldt, const float *X, int in, const kern_lora_seg_t *seg, int n_seg);
     void (*lora_expand)(float *Y, int out, const float *T, int ldt, const kern_lora_seg_t *seg, int n_seg);
 

@@ -114,22 +114,44 @@ void lora_destroy(lora_t **pa) {
 
 // --- files --------------------------------------------------------------------------------------
 
-// Adds every A/B tensor of the adapter (host copy `host`) to w under its PEFT name.
-static void add_tensors(st_writer_t *w, const lora_t *a, float *host, const hf_config_t *m) {
+// B is stored (r, out) per layer; PEFT files hold lora_B as (out, r).
+static void transpose(float *dst, const float *src, int rows, int cols) {
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) dst[(size_t)j * rows + i] = src[(size_t)i * cols + j];
+}
+
+// Copies the in-memory arena `mem` into `peft` with every B transposed to PEFT's (out, r).
+static void to_peft_layout(float *peft, const float *mem, const lora_t *a) {
+    float *A[LORA_N_TARGETS], *B[LORA_N_TARGETS], *PA[LORA_N_TARGETS], *PB[LORA_N_TARGETS];
+    lora_point(A, B, (float *)mem, &a->model, &a->cfg);
+    lora_point(PA, PB, peft, &a->model, &a->cfg);
+    int r = a->cfg.r;
+    for (int t = 0; t < LORA_N_TARGETS; t++) {
+        if (!A[t]) continue;
+        int in, out;
+        lora_target_dims(&a->model, t, &in, &out);
+        memcpy(PA[t], A[t], sizeof(float) * (size_t)a->n_layers * r * in);
+        for (int l = 0; l < a->n_layers; l++)
+            transpose(PB[t] + (size_t)l * out * r, B[t] + (size_t)l * r * out, r, out);
+    }
+}
+
+// Adds every A/B tensor (host arena `peft`, PEFT layout) to w under its PEFT name.
+static void add_tensors(st_writer_t *w, const lora_t *a, float *peft) {
     float *A[LORA_N_TARGETS], *B[LORA_N_TARGETS];
-    lora_point(A, B, host, m, &a->cfg);
+    lora_point(A, B, peft, &a->model, &a->cfg);
     int r = a->cfg.r;
     for (int l = 0; l < a->n_layers; l++) {
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             if (!A[t]) continue;
             int in, out;
-            lora_target_dims(m, t, &in, &out);
+            lora_target_dims(&a->model, t, &in, &out);
             char name[256];
             int64_t sa[2] = {r, in}, sb[2] = {out, r};
             peft_tensor_name(name, sizeof name, l, t, 'A');
             st_writer_add_f32(w, name, 2, sa, A[t] + (size_t)l * r * in);
             peft_tensor_name(name, sizeof name, l, t, 'B');
-            st_writer_add_f32(w, name, 2, sb, B[t] + (size_t)l * r * out);
+            st_writer_add_f32(w, name, 2, sb, B[t] + (size_t)l * out * r);
         }
     }
 }
@@ -140,25 +162,39 @@ static int read_tensors(lora_t *a, const st_file_t *f, const hf_config_t *m, cha
     lora_point(A, B, host, m, &a->cfg);
     int r = a->cfg.r;
     char e2[ERR_LEN];
-    for (int l = 0; l < a->n_layers; l++) {
-        for (int t = 0; t < LORA_N_TARGETS; t++) {
-            if (!A[t]) continue;
-            int in, out;
-            lora_target_dims(m, t, &in, &out);
+    float *tmp = NULL;
+    for (int t = 0; t < LORA_N_TARGETS; t++) {
+        if (!A[t]) continue;
+        int in, out;
+        lora_target_dims(m, t, &in, &out);
+        tmp = xrealloc(tmp, sizeof(float) * (size_t)out * r);
+        for (int l = 0; l < a->n_layers; l++) {
             char name[256];
             int64_t sa[2] = {r, in}, sb[2] = {out, r};
             peft_tensor_name(name, sizeof name, l, t, 'A');
             if (st_read_f32(f, name, 2, sa, A[t] + (size_t)l * r * in, e2)) goto fail;
             peft_tensor_name(name, sizeof name, l, t, 'B');
-            if (st_read_f32(f, name, 2, sb, B[t] + (size_t)l * r * out, e2)) goto fail;
+            if (st_read_f32(f, name, 2, sb, tmp, e2)) goto fail;
+            transpose(B[t] + (size_t)l * r * out, tmp, out, r);
         }
     }
     a->k->to_dev(a->params, host, a->n_params * sizeof(float));
+    free(tmp);
     free(host);
     return 0;
 fail:
+    free(tmp);
     free(host);
     return err_set(err, "%s", e2);
+}
+
+// Host copy of the adapter in PEFT layout (caller frees).
+static float *peft_host_copy(const lora_t *a) {
+    float *mem = xmalloc(a->n_params * sizeof(float)), *peft = xmalloc(a->n_params * sizeof(float));
+    a->k->to_host(mem, a->params, a->n_params * sizeof(float));
+    to_peft_layout(peft, mem, a);
+    free(mem);
+    return peft;
 }
 
 int lora_save(const lora_t *a, const char *dir, char *err) {
@@ -166,11 +202,10 @@ int lora_save(const lora_t *a, const char *dir, char *err) {
     if (util_mkdirs(dir, err)) return -1;
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     if (peft_config_save(&a->cfg, path, e2)) return err_set(err, "%s", e2);
-    float *host = xmalloc(a->n_params * sizeof(float));
-    a->k->to_host(host, a->params, a->n_params * sizeof(float));
+    float *host = peft_host_copy(a);
     st_writer_t *w = st_writer_new();
     st_writer_metadata(w, "format", "pt");
-    add_tensors(w, a, host, &a->model);
+    add_tensors(w, a, host);
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     int rc = st_writer_save(w, path, e2);
     if (rc) err_set(err, "%s", e2);
@@ -200,8 +235,7 @@ lora_t *lora_load(const char *dir, const hf_config_t *m, const kernels_t *k, cha
 }
 
 int lora_serialize(const lora_t *a, uint8_t **buf, size_t *len, char *err) {
-    float *host = xmalloc(a->n_params * sizeof(float));
-    a->k->to_host(host, a->params, a->n_params * sizeof(float));
+    float *host = peft_host_copy(a);
     st_writer_t *w = st_writer_new();
     char v[64];
     snprintf(v, sizeof v, "%d", a->cfg.r);
@@ -210,7 +244,7 @@ int lora_serialize(const lora_t *a, uint8_t **buf, size_t *len, char *err) {
     st_writer_metadata(w, "lora_alpha", v);
     snprintf(v, sizeof v, "%u", a->cfg.targets);
     st_writer_metadata(w, "lora_targets", v);
-    add_tensors(w, a, host, &a->model);
+    add_tensors(w, a, host);
     int rc = st_writer_serialize(w, buf, len, err);
     st_writer_destroy(&w);
     free(host);
@@ -327,7 +361,7 @@ void lora_forward(const kernels_t *k, const lora_plan_t *plan, const lora_pool_t
         if (!a || !a->A[t]) continue;
         int r = a->cfg.r;
         seg[n++] = (kern_lora_seg_t){.row0 = g->row0, .n_rows = g->n_rows, .rank = r, .scale = a->scale,
-                                     .A = a->A[t] + (size_t)layer * r * in, .B = a->B[t] + (size_t)layer * out * r};
+                                     .A = a->A[t] + (size_t)layer * r * in, .B = a->B[t] + (size_t)layer * r * out};
     }
     if (n) {
         // T (N, R): shrink outputs, kept for backward when the caller asks for them.
@@ -347,17 +381,17 @@ void lora_backward(const kernels_t *k, const lora_plan_t *plan, const lora_pool_
         const lora_t *a = g->slot >= 0 ? lora_pool_get(pool, g->slot) : NULL;
         if (!a || !a->A[t]) continue;
         int r = a->cfg.r, n = g->n_rows;
-        const float *A = a->A[t] + (size_t)layer * r * in, *B = a->B[t] + (size_t)layer * out * r;
+        const float *A = a->A[t] + (size_t)layer * r * in, *B = a->B[t] + (size_t)layer * r * out;
         const float *Xs = X + (size_t)g->row0 * in, *dYs = dY + (size_t)g->row0 * out, *Ts = T + (size_t)g->row0 * R;
         float *dT = scratch + (size_t)g->row0 * R;
-        // dT (n, r) = scale * dY_seg B
-        k->gemm(false, false, n, r, out, a->scale, dYs, out, B, r, 0.0f, dT, R);
+        // dT (n, r) = scale * dY_seg B^T   (B stored (r, out))
+        k->gemm(false, true, n, r, out, a->scale, dYs, out, B, out, 0.0f, dT, R);
         float *ga = grads ? grads[g->slot] : NULL;
         if (ga) {
             float *gA[LORA_N_TARGETS], *gB[LORA_N_TARGETS];
             lora_point(gA, gB, ga, &a->model, &a->cfg);
-            // dB (out, r) += scale * dY_seg^T Ts ; dA (r, in) += dT^T X_seg
-            k->gemm(true, false, out, r, n, a->scale, dYs, out, Ts, R, 1.0f, gB[t] + (size_t)layer * out * r, r);
+            // dB (r, out) += scale * Ts^T dY_seg ; dA (r, in) += dT^T X_seg
+            k->gemm(true, false, r, out, n, a->scale, Ts, R, dYs, out, 1.0f, gB[t] + (size_t)layer * r * out, out);
             k->gemm(true, false, r, in, n, 1.0f, dT, R, Xs, in, 1.0f, gA[t] + (size_t)layer * r * in, in);
         }
         // dX_seg += dT A

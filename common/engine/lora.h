@@ -1,7 +1,10 @@
 // lora.h - LoRA adapters, the pool of resident adapters, and the per-step multi-LoRA plan.
 //
 // An adapter's parameters live in one arena (backend memory): for each enabled target t,
-// A_t (L, r, in_t) then B_t (L, out_t, r). Gradients and AdamW moments use the same layout
+// A_t (L, r, in_t) then B_t (L, r, out_t). B is kept TRANSPOSED with respect to PEFT's
+// lora_B (out, r): the expand step then adds rank rows of length `out` to each output row,
+// which vectorises, instead of `out` dot products of length r. Files and blobs use the PEFT
+// layout; load and save transpose. Gradients and AdamW moments use the in-memory layout
 // (lora_point on another arena of n_params floats).
 //
 // Multi-LoRA (SGMV style): the engine orders a batch's rows so that rows using the same slot
@@ -28,7 +31,7 @@ typedef struct {
     float *params;               // arena (backend memory)
     size_t n_params;
     float *A[LORA_N_TARGETS];    // (L, r, in_t)   NULL when the target is off
-    float *B[LORA_N_TARGETS];    // (L, out_t, r)
+    float *B[LORA_N_TARGETS];    // (L, r, out_t)  transposed lora_B
 } lora_t;
 
 // in/out features of target t for the model config.
@@ -81,7 +84,7 @@ typedef struct {
 int lora_plan_build(lora_plan_t *plan, const int *row_slot, int n_rows, const lora_pool_t *pool, char *err);
 void lora_plan_free(lora_plan_t *plan);
 
-// Y (N, out) += sum over segments of scale * (X A_l^T) B_l^T for target t at layer l.
+// Y (N, out) += sum over segments of scale * (X A_l^T) B_l for target t at layer l.
 // X is (N, in). When T is not NULL it receives the shrink outputs (N, plan->max_rank) for backward.
 void lora_forward(const kernels_t *k, const lora_plan_t *plan, const lora_pool_t *pool, int layer, lora_target_t t,
                   const float *X, int in, float *Y, int out, float *T, float *scratch);

@@ -987,6 +987,13 @@ tokenizer_t *tokenizer_build(const char *const *vocab, int n_vocab, const char *
     }
     t->n_merges = n_merges;
     if (tokenizer_finish(t, err) != 0) goto fail;
+    // A Fuse decoder makes Hugging Face's libraries join tokens without spaces, as ours does
+    // (with no decoder they join with " ").
+    t->decoder = cJSON_CreateObject();
+    if (!t->decoder || !cJSON_AddStringToObject(t->decoder, "type", "Fuse")) {
+        err_set(err, "out of memory building the decoder");
+        goto fail;
+    }
     return t;
 fail:
     tokenizer_destroy(&t);

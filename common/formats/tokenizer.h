@@ -6,8 +6,8 @@
 // one word; ByteLevel with its split regex plugs in here), then the BPE model: the word is
 // split into UTF-8 characters (or bytes via byte_fallback tokens "<0xNN>"), and adjacent
 // pairs are merged by lowest merge rank until none applies. Unknown symbols map to
-// unk_token when the model has one, else to byte_fallback tokens, else encoding fails with
-// an error naming the character.
+// byte_fallback tokens when the model has byte_fallback, else to unk_token when it has one,
+// else encoding fails with an error naming the character (the order of HF tokenizers).
 #ifndef MARLAAS_TOKENIZER_H
 #define MARLAAS_TOKENIZER_H
 

@@ -369,8 +369,8 @@ static void cpu_lora_expand(float *Y, int out, const float *T, int ldt, const ke
     for (int s = 0; s < n_seg; s++) {
         const kern_lora_seg_t *g = &seg[s];
         if (g->n_rows >= LORA_GEMM_MIN_ROWS)
-            cpu_gemm(false, true, g->n_rows, out, g->rank, g->scale, T + (size_t)g->row0 * ldt, ldt, g->B, g->rank,
-                     1.0f, Y + (size_t)g->row0 * out, out);
+            cpu_gemm(false, false, g->n_rows, out, g->rank, g->scale, T + (size_t)g->row0 * ldt, ldt, g->B, out, 1.0f,
+                     Y + (size_t)g->row0 * out, out);
         else
             small++;
     }
@@ -380,13 +380,13 @@ static void cpu_lora_expand(float *Y, int out, const float *T, int ldt, const ke
         const kern_lora_seg_t *g = &seg[s];
         if (g->n_rows >= LORA_GEMM_MIN_ROWS) continue;
         for (int r = g->row0; r < g->row0 + g->n_rows; r++) {
-            float t[64];
             const float *tr = T + (size_t)r * ldt;
-            float *y = Y + (size_t)r * out;
-            for (int j0 = 0; j0 < g->rank; j0 += 64) {
-                int nj = g->rank - j0 < 64 ? g->rank - j0 : 64;
-                for (int j = 0; j < nj; j++) t[j] = g->scale * tr[j0 + j];
-                for (int o = 0; o < out; o++) y[o] += dot(g->B + (size_t)o * g->rank + j0, t, nj);
+            float *restrict y = Y + (size_t)r * out;
+            for (int j = 0; j < g->rank; j++) {
+                const float *restrict b = g->B + (size_t)j * out;
+                float c = g->scale * tr[j];
+#pragma omp simd
+                for (int o = 0; o < out; o++) y[o] += c * b[o];
             }
         }
     }

@@ -621,7 +621,9 @@ Test(tokenizer, save_load_roundtrip) {
     cr_assert(cJSON_IsNull(cJSON_GetObjectItem(root, "normalizer")));
     cr_assert(cJSON_IsNull(cJSON_GetObjectItem(root, "pre_tokenizer")));
     cr_assert(cJSON_IsNull(cJSON_GetObjectItem(root, "post_processor")));
-    cr_assert(cJSON_IsNull(cJSON_GetObjectItem(root, "decoder")));
+    cJSON *dec = cJSON_GetObjectItem(root, "decoder");
+    cr_assert(cJSON_IsObject(dec) && cJSON_IsString(cJSON_GetObjectItem(dec, "type")) &&
+              !strcmp(cJSON_GetObjectItem(dec, "type")->valuestring, "Fuse"));
     cJSON *added = cJSON_GetObjectItem(root, "added_tokens");
     cr_assert_eq(cJSON_GetArraySize(added), 2);
     cJSON *a1 = cJSON_GetArrayItem(added, 1);
