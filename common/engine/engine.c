@@ -605,10 +605,10 @@ int engine_logprobs(engine_t *e, const engine_train_seq_t *seqs, int n, float te
     return run(e, seqs, n, &lc, RUN_LOGPROBS, NULL, NULL, NULL, logp, entropy, err);
 }
 
-double engine_forward_flops(const model_t *m, double n_tokens, double mean_ctx) {
+double engine_forward_flops(const model_t *m, double n_tokens, double n_logits, double mean_ctx) {
     const hf_config_t *c = &m->cfg;
     double D = c->hidden_size, F = c->intermediate_size, Qd = (double)c->num_attention_heads * c->head_dim;
     double KVd = (double)c->num_key_value_heads * c->head_dim;
     double per_layer = 2.0 * (D * Qd + 2 * D * KVd + Qd * D + 3 * D * F) + 4.0 * Qd * mean_ctx;
-    return n_tokens * (c->num_hidden_layers * per_layer + 2.0 * D * c->vocab_size);
+    return n_tokens * c->num_hidden_layers * per_layer + n_logits * 2.0 * D * c->vocab_size;
 }

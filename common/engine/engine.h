@@ -92,8 +92,9 @@ int engine_train(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_
 int engine_logprobs(engine_t *e, const engine_train_seq_t *seqs, int n, float temperature, float *const *logp,
                     float *const *entropy, char *err);
 
-// FLOPs of the forward over n_tokens at the given mean context (2 * params-GEMM + attention);
-// used by benchmarks to report GFLOP/s.
-double engine_forward_flops(const model_t *m, double n_tokens, double mean_ctx);
+// FLOPs of a forward over n_tokens rows at the given mean attention context, with the LM head
+// applied to n_logits rows: 2 per multiply-add of every GEMM (base weights; LoRA excluded) plus
+// attention (4 * context * H * head_dim per token and layer). Used to report GFLOP/s.
+double engine_forward_flops(const model_t *m, double n_tokens, double n_logits, double mean_ctx);
 
 #endif

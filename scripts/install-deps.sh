@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages MARLaaS builds and runs with, when any is missing.
+# Runs apt-get directly as root, through sudo otherwise; prints the command when neither works.
+set -euo pipefail
+
+PKGS=(build-essential pkg-config
+      libopenblas-dev libopenblas-openmp-dev libcjson-dev libcriterion-dev
+      libzmq3-dev libczmq-dev libmsgpack-dev libhiredis-dev libsodium-dev redis-server valgrind)
+
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "marlaas: installing missing Debian packages: ${missing[*]}" >&2
+if [ "$(id -u)" -eq 0 ]; then
+    SUDO=()
+elif command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo)
+else
+    echo "marlaas: cannot install packages (not root, no sudo). Run as root:" >&2
+    echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" apt-get update -qq
+"${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "marlaas: packages installed" >&2
