@@ -72,16 +72,19 @@ LDLIBS   += -fsanitize=address,undefined
 endif
 
 # --- sources -----------------------------------------------------------------------------
-LIB_SRC   := $(wildcard common/util/*.c common/formats/*.c common/engine/*.c common/tasks/*.c) $(wildcard kernels/cpu/*.c)
+LIB_SRC   := $(wildcard common/util/*.c common/formats/*.c common/engine/*.c common/tasks/*.c common/rl/*.c) $(wildcard kernels/cpu/*.c)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB       := $(BUILD)/lib/libmarlaas.a
 UNIT_SRC  := $(wildcard tests/unit/*.c)
 UNIT_OBJ  := $(UNIT_SRC:%.c=$(BUILD)/obj/%.o)
 UNIT_BIN  := $(BUILD)/bin/marlaas-unit-tests
 BENCH_BIN := $(BUILD)/bin/marlaas-bench-engine
+CLI_SRC   := $(wildcard cli/*.c)
+CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_BIN   := $(BUILD)/bin/marlaas
 
-.PHONY: all test unit valgrind valgrind-run bench demo clean
-all: $(LIB) $(BENCH_BIN)
+.PHONY: all test unit integration valgrind valgrind-run bench demo clean
+all: $(LIB) $(BENCH_BIN) $(CLI_BIN)
 
 $(DEPS_STAMP): scripts/install-deps.sh
 	@scripts/install-deps.sh
@@ -100,6 +103,10 @@ $(BENCH_BIN): $(BUILD)/obj/bench/bench_engine.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
+$(CLI_BIN): $(CLI_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
 $(UNIT_BIN): $(UNIT_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
@@ -110,7 +117,11 @@ $(UNIT_BIN): $(UNIT_OBJ) $(LIB)
 unit: $(UNIT_BIN)
 	MARLAAS_THREADS=1 $(UNIT_BIN) --jobs 2
 
-test: all unit
+# Integration tests start real processes from $(BUILD)/bin (sanitized binaries with SAN=1).
+integration: all
+	MARLAAS_BIN=$(BUILD)/bin bash tests/integration/run.sh
+
+test: all unit integration
 
 valgrind:
 	$(MAKE) VG=1 valgrind-run
@@ -130,4 +141,4 @@ demo:
 clean:
 	rm -rf build
 
--include $(LIB_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/obj/bench/bench_engine.d
+-include $(LIB_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(BUILD)/obj/bench/bench_engine.d

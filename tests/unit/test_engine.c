@@ -255,7 +255,7 @@ Test(engine, bad_input_is_refused_not_crashed) {
     cr_assert_eq(engine_step(f.e, kc, &q, 1, out, err), 0, "%s", err);
     engine_train_seq_t ts = {.tokens = tok, .len = 200, .slot = -1};
     loss_cfg_t lc = {.kind = LOSS_CE, .temperature = 1.0f};
-    cr_assert_eq(engine_train(f.e, &ts, 1, &lc, NULL, NULL, NULL, err), -1);
+    cr_assert_eq(engine_train(f.e, &ts, 1, &lc, NULL, NULL, NULL, 0, err), -1);
     cr_assert(strstr(err, "supports"), "%s", err);
     kvcache_destroy(&kc);
     fx_free(&f);

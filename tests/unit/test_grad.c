@@ -29,7 +29,7 @@ typedef struct {
 static double eval_loss(const lossfn_t *f) {
     char err[ERR_LEN];
     loss_stats_t st[8];
-    cr_assert_eq(engine_train(f->e, f->s, f->n, &f->lc, NULL, NULL, st, err), 0, "%s", err);
+    cr_assert_eq(engine_train(f->e, f->s, f->n, &f->lc, NULL, NULL, st, (int)(sizeof st / sizeof st[0]), err), 0, "%s", err);
     double l = 0.0;
     for (int g = 0; g < f->n_groups; g++) l += st[g].loss;
     return l;
@@ -85,7 +85,7 @@ Test(grad, base_weights_cross_entropy) {
         lossfn_t f = {.e = e, .s = s, .n = 2, .lc = {.kind = LOSS_CE, .temperature = 1.0f}, .n_groups = 1};
         float *g = calloc(m->n_params, sizeof(float));
         loss_stats_t st[2];
-        cr_assert_eq(engine_train(e, s, 2, &f.lc, g, NULL, st, err), 0, "%s", err);
+        cr_assert_eq(engine_train(e, s, 2, &f.lc, g, NULL, st, (int)(sizeof st / sizeof st[0]), err), 0, "%s", err);
         cr_assert_float_eq(st[0].tokens, 9.5, 1e-9);
         size_t sizes[MODEL_N_TENSORS], off = 0;
         model_param_sizes(&c, sizes);
@@ -145,7 +145,7 @@ Test(grad, lora_targets_rl_loss_with_kl) {
     float *g[2];
     for (int sl = 0; sl < 2; sl++) g[sl] = calloc(lora_pool_get(pool, sl)->n_params, sizeof(float));
     loss_stats_t st[3];
-    cr_assert_eq(engine_train(e, s, NS, &f.lc, NULL, g, st, err), 0, "%s", err);
+    cr_assert_eq(engine_train(e, s, NS, &f.lc, NULL, g, st, (int)(sizeof st / sizeof st[0]), err), 0, "%s", err);
     cr_assert_float_eq(st[1].clip_frac, 0.0, 1e-12);
     cr_assert_gt(st[1].kl, 0.0);
     for (int sl = 0; sl < 2; sl++) {
@@ -189,14 +189,14 @@ Test(grad, clipped_tokens_carry_no_gradient) {
     loss_stats_t st[2];
     // ratio = e > 1.2 with a positive advantage: every token clipped, gradient exactly zero
     for (int t = 0; t < 6; t++) old[t] = cur[t] - 1.0f;
-    cr_assert_eq(engine_train(e, &s, 1, &lc, NULL, gs, st, err), 0, "%s", err);
+    cr_assert_eq(engine_train(e, &s, 1, &lc, NULL, gs, st, (int)(sizeof st / sizeof st[0]), err), 0, "%s", err);
     cr_assert_float_eq(st[1].clip_frac, 1.0, 1e-9);
     double ss = 0;
     for (size_t i = 0; i < n; i++) ss += (double)g[i] * g[i];
     cr_assert_eq(ss, 0.0);
     // ratio = 1/e < 0.8 with a positive advantage: not clipped (min picks the unclipped term)
     for (int t = 0; t < 6; t++) old[t] = cur[t] + 1.0f;
-    cr_assert_eq(engine_train(e, &s, 1, &lc, NULL, gs, st, err), 0, "%s", err);
+    cr_assert_eq(engine_train(e, &s, 1, &lc, NULL, gs, st, (int)(sizeof st / sizeof st[0]), err), 0, "%s", err);
     cr_assert_float_eq(st[1].clip_frac, 0.0, 1e-9);
     ss = 0;
     for (size_t i = 0; i < n; i++) ss += (double)g[i] * g[i];

@@ -31,7 +31,7 @@ Test(train, overfits_fixed_text_with_cross_entropy) {
     double first = 0, last = 0;
     for (int step = 0; step < 300; step++) {
         memset(g, 0, sizeof(float) * m->n_params);
-        cr_assert_eq(engine_train(e, &s, 1, &lc, g, NULL, st, err), 0, "%s", err);
+        cr_assert_eq(engine_train(e, &s, 1, &lc, g, NULL, st, (int)(sizeof st / sizeof st[0]), err), 0, "%s", err);
         if (step == 0) first = st[0].loss;
         last = st[0].loss;
         if (last < 0.02) break;
@@ -106,7 +106,7 @@ Test(train, grpo_raises_toy_reward) {
         loss_cfg_t lc = {.kind = LOSS_RL, .temperature = 1.0f, .clip_low = 0.2f, .clip_high = 0.28f};
         memset(grad, 0, sizeof(float) * np);
         loss_stats_t st[2];
-        cr_assert_eq(engine_train(e, ts, G, &lc, NULL, grads, st, err), 0, "%s", err);
+        cr_assert_eq(engine_train(e, ts, G, &lc, NULL, grads, st, (int)(sizeof st / sizeof st[0]), err), 0, "%s", err);
         // on-policy: ratio is 1 up to float noise between the rollout and trainer forward
         cr_assert_float_eq(st[1].ratio_mean, 1.0, 1e-4);
         optim_step(o, ad->params, grad);

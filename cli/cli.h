@@ -1,0 +1,22 @@
+// cli.h - the `marlaas` command: subcommand entry points and small shared helpers.
+#ifndef MARLAAS_CLI_H
+#define MARLAAS_CLI_H
+
+#include "common/formats/tokenizer.h"
+
+int cmd_tasks(int argc, char **argv);
+int cmd_pretrain(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_train_local(int argc, char **argv);
+int cmd_init_model(int argc, char **argv);
+
+// The character-level tokenizer of the models this project makes: printable ASCII
+// (space to '~') and '\n', then the special tokens <|endoftext|> and <|pad|>.
+tokenizer_t *cli_char_tokenizer(char *err);
+
+// Parses a positive integer / float option value; prints a clear message and returns -1 on
+// junk, so every command rejects bad flags the same way.
+int cli_int(const char *opt, const char *v, long lo, long hi, long *out);
+int cli_float(const char *opt, const char *v, double lo, double hi, double *out);
+
+#endif

@@ -1,0 +1,95 @@
+// cmd_eval.c - `marlaas eval`: greedy accuracy with a 95% Wilson interval, for one task, a
+// user dataset, or every built-in task (--all, a markdown table).
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "common/rl/rl.h"
+
+static void usage(void) {
+    printf("usage: marlaas eval --model DIR [--adapter DIR] (--task NAME | --all | --dataset FILE [--verifier K])\n"
+           "                    [--n N] [--max-new T]\n"
+           "  --n N         eval examples per task (default 500)\n"
+           "  --max-new T   tokens generated per answer (default 32)\n"
+           "  --verifier K  exact | numeric[:tol] | regex | choice (datasets; default exact)\n");
+}
+
+static int eval_one(rl_runtime_t *rt, int slot, rl_source_t *src, int n, int max_new) {
+    char err[ERR_LEN];
+    rl_eval_t ev;
+    if (rl_evaluate(rt, slot, src, n, max_new, &ev, err)) {
+        fprintf(stderr, "marlaas eval: %s: %s\n", src->name, err);
+        return -1;
+    }
+    printf("| %-14s | %5.1f%% | %5.1f–%5.1f%% | %4d |\n", src->name, 100 * ev.acc, 100 * ev.lo, 100 * ev.hi, ev.n);
+    return 0;
+}
+
+int cmd_eval(int argc, char **argv) {
+    const char *model = NULL, *adapter = NULL, *task = NULL, *dataset = NULL, *verifier = NULL;
+    long n = 500, max_new = 32;
+    int all = 0;
+    static struct option opts[] = {{"model", required_argument, 0, 'm'},   {"adapter", required_argument, 0, 'a'},
+                                   {"task", required_argument, 0, 't'},    {"all", no_argument, 0, 'A'},
+                                   {"dataset", required_argument, 0, 'd'}, {"verifier", required_argument, 0, 'v'},
+                                   {"n", required_argument, 0, 'n'},       {"max-new", required_argument, 0, 'x'},
+                                   {"help", no_argument, 0, 'h'},          {0}};
+    int o;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 'm': model = optarg; break;
+        case 'a': adapter = optarg; break;
+        case 't': task = optarg; break;
+        case 'A': all = 1; break;
+        case 'd': dataset = optarg; break;
+        case 'v': verifier = optarg; break;
+        case 'n': if (cli_int("--n", optarg, 1, 1000000, &n)) return 2; break;
+        case 'x': if (cli_int("--max-new", optarg, 1, 4096, &max_new)) return 2; break;
+        case 'h': usage(); return 0;
+        default: usage(); return 2;
+        }
+    }
+    if (!model || (!!task + all + !!dataset) != 1 || optind < argc) {
+        fprintf(stderr, "marlaas eval: give --model and exactly one of --task, --all, --dataset\n");
+        usage();
+        return 2;
+    }
+    char err[ERR_LEN];
+    rl_runtime_t *rt = rl_runtime_open(model, NULL, err);
+    if (!rt) {
+        fprintf(stderr, "marlaas eval: %s\n", err);
+        return 1;
+    }
+    int slot = -1, rc = 0;
+    if (adapter) {
+        lora_t *a = lora_load(adapter, &rt->model->cfg, kernels_cpu(), err);
+        if (!a || lora_pool_set(rt->pool, 0, &a, err)) {
+            fprintf(stderr, "marlaas eval: adapter %s: %s\n", adapter, err);
+            lora_destroy(&a);
+            rl_runtime_close(&rt);
+            return 1;
+        }
+        slot = 0;
+    }
+    printf("| task           | accuracy | 95%% interval  |    n |\n|---|---|---|---|\n");
+    if (all) {
+        for (int i = 0; i < task_count() && rc == 0; i++) {
+            rl_source_t src = {.task = task_at(i)};
+            snprintf(src.name, sizeof src.name, "%s", task_at(i)->name);
+            rc = eval_one(rt, slot, &src, (int)n, (int)max_new);
+        }
+    } else {
+        rl_source_t src;
+        if (rl_source_open(&src, task, dataset, verifier, err)) {
+            fprintf(stderr, "marlaas eval: %s\n", err);
+            rl_runtime_close(&rt);
+            return 1;
+        }
+        rc = eval_one(rt, slot, &src, (int)n, (int)max_new);
+        rl_source_close(&src);
+    }
+    rl_runtime_close(&rt);
+    return rc ? 1 : 0;
+}

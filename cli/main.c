@@ -1,0 +1,39 @@
+// main.c - `marlaas`: dispatches to the subcommands.
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "common/util/log.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} command_t;
+
+static const command_t commands[] = {
+    {"tasks", cmd_tasks, "list the built-in task families"},
+    {"pretrain", cmd_pretrain, "train a base model from scratch on a task mixture"},
+    {"eval", cmd_eval, "greedy accuracy of a model (and adapter) on tasks"},
+    {"train-local", cmd_train_local, "single-process synchronous GRPO on one task (quality reference)"},
+    {"init-model", cmd_init_model, "write a randomly initialised model of a given shape"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: marlaas COMMAND [options]   (marlaas COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv) {
+    log_init("marlaas");
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "marlaas: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

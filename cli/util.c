@@ -1,0 +1,41 @@
+// util.c - helpers shared by the CLI subcommands.
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cli/cli.h"
+
+tokenizer_t *cli_char_tokenizer(char *err) {
+    char chars[96][2];
+    const char *vocab[96];
+    int n = 0;
+    chars[n][0] = '\n', chars[n][1] = 0, vocab[n] = chars[n], n++;
+    for (int c = ' '; c <= '~'; c++) chars[n][0] = (char)c, chars[n][1] = 0, vocab[n] = chars[n], n++;
+    const char *specials[2] = {"<|endoftext|>", "<|pad|>"};
+    return tokenizer_build(vocab, n, NULL, 0, specials, 2, err);
+}
+
+int cli_int(const char *opt, const char *v, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "marlaas: %s must be an integer in %ld..%ld, got '%s'\n", opt, lo, hi, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int cli_float(const char *opt, const char *v, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x) || x < lo || x > hi) {
+        fprintf(stderr, "marlaas: %s must be a number in [%g, %g], got '%s'\n", opt, lo, hi, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}

@@ -1,0 +1,191 @@
+// rl.c - runtime construction, task sources, GRPO advantages, greedy evaluation.
+#include "common/rl/rl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// --- runtime ------------------------------------------------------------------------------------
+
+static rl_runtime_cfg_t cfg_defaults(const rl_runtime_cfg_t *c, const model_t *m) {
+    rl_runtime_cfg_t d = c ? *c : (rl_runtime_cfg_t){0};
+    if (d.n_slots <= 0) d.n_slots = 8;
+    if (d.max_seqs <= 0) d.max_seqs = 512;
+    if (d.kv_blocks <= 0) d.kv_blocks = 256 * ((m->cfg.max_position_embeddings + 15) / 16);
+    if (d.max_batch_tokens <= 0) d.max_batch_tokens = 512;
+    return d;
+}
+
+rl_runtime_t *rl_runtime_wrap(model_t **model, tokenizer_t **tok, const rl_runtime_cfg_t *cfg, char *err) {
+    rl_runtime_t *rt = xcalloc(1, sizeof *rt);
+    rt->model = *model, *model = NULL;
+    rt->tok = *tok, *tok = NULL;
+    rl_runtime_cfg_t c = cfg_defaults(cfg, rt->model);
+    const hf_config_t *mc = &rt->model->cfg;
+    rt->eos = mc->eos_token_id >= 0 ? mc->eos_token_id : tokenizer_token_id(rt->tok, "<|endoftext|>");
+    if (rt->eos < 0) {
+        err_set(err, "model has no eos_token_id in config.json and its tokenizer no <|endoftext|> token");
+        goto fail;
+    }
+    if (tokenizer_vocab_size(rt->tok) > mc->vocab_size) {
+        err_set(err, "tokenizer has %d tokens but the model's vocab_size is %d", tokenizer_vocab_size(rt->tok),
+                mc->vocab_size);
+        goto fail;
+    }
+    rt->pool = lora_pool_new(c.n_slots);
+    rt->engine = engine_new(rt->model, rt->pool, err);
+    if (!rt->engine) goto fail;
+    rt->kc = kvcache_new(mc->num_hidden_layers, mc->num_key_value_heads * mc->head_dim, 16, c.kv_blocks, c.max_seqs, err);
+    if (!rt->kc) goto fail;
+    rt->gen = gen_new(rt->engine, rt->kc, rt->tok, c.max_batch_tokens, err);
+    if (!rt->gen) goto fail;
+    return rt;
+fail:
+    rl_runtime_close(&rt);
+    return NULL;
+}
+
+rl_runtime_t *rl_runtime_open(const char *dir, const rl_runtime_cfg_t *cfg, char *err) {
+    char path[4096];
+    model_t *m = model_load(dir, kernels_cpu(), err);
+    if (!m) return NULL;
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    tokenizer_t *t = tokenizer_load(path, err);
+    if (!t) {
+        model_destroy(&m);
+        return NULL;
+    }
+    rl_runtime_t *rt = rl_runtime_wrap(&m, &t, cfg, err);
+    model_destroy(&m);
+    tokenizer_destroy(&t);
+    return rt;
+}
+
+void rl_runtime_close(rl_runtime_t **prt) {
+    if (!prt || !*prt) return;
+    rl_runtime_t *rt = *prt;
+    gen_destroy(&rt->gen);
+    kvcache_destroy(&rt->kc);
+    engine_destroy(&rt->engine);
+    lora_pool_destroy(&rt->pool);
+    tokenizer_destroy(&rt->tok);
+    model_destroy(&rt->model);
+    free(rt);
+    *prt = NULL;
+}
+
+// --- sources ------------------------------------------------------------------------------------
+
+int rl_source_open(rl_source_t *s, const char *task_name, const char *dataset_path, const char *verifier, char *err) {
+    memset(s, 0, sizeof *s);
+    if (dataset_path) {
+        verify_spec_t v = {.kind = VERIFY_EXACT};
+        if (verifier && verify_spec_parse(&v, verifier, err)) return -1;
+        s->ds = dataset_load(dataset_path, &v, err);
+        if (!s->ds) return -1;
+        snprintf(s->name, sizeof s->name, "%s", task_name ? task_name : dataset_path);
+        return 0;
+    }
+    if (!task_name) return err_set(err, "no task given");
+    s->task = task_find(task_name);
+    if (!s->task) return err_set(err, "unknown task '%s' (see `marlaas tasks`)", task_name);
+    snprintf(s->name, sizeof s->name, "%s", task_name);
+    return 0;
+}
+
+void rl_source_close(rl_source_t *s) {
+    dataset_destroy(&s->ds);
+    s->task = NULL;
+}
+
+int rl_source_example(const rl_source_t *s, task_split_t split, uint64_t index, task_example_t *ex) {
+    if (s->ds) return dataset_example(s->ds, split, index, ex);
+    task_example(s->task, split, index, ex);
+    return 0;
+}
+
+float rl_source_verify(const rl_source_t *s, const task_example_t *ex, int handle, const char *completion) {
+    float r = s->ds ? dataset_verify(s->ds, handle, completion) : s->task->verify(ex, completion);
+    return isfinite(r) ? (r < 0.0f ? 0.0f : r > 1.0f ? 1.0f : r) : 0.0f;
+}
+
+// --- GRPO ---------------------------------------------------------------------------------------
+
+void rl_group_advantages(const float *r, int G, bool std_norm, float *adv) {
+    double mean = 0.0, var = 0.0;
+    for (int i = 0; i < G; i++) mean += r[i];
+    mean /= G;
+    for (int i = 0; i < G; i++) var += (r[i] - mean) * (r[i] - mean);
+    double sd = sqrt(var / G);
+    for (int i = 0; i < G; i++) adv[i] = (float)(std_norm ? (r[i] - mean) / (sd + 1e-4) : r[i] - mean);
+}
+
+// --- evaluation ---------------------------------------------------------------------------------
+
+void rl_wilson(int k, int n, double *lo, double *hi) {
+    if (n <= 0) {
+        *lo = 0.0, *hi = 1.0;
+        return;
+    }
+    double z = 1.959963984540054, p = (double)k / n, z2 = z * z;
+    double den = 1.0 + z2 / n, c = (p + z2 / (2.0 * n)) / den;
+    double h = z * sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / den;
+    *lo = c - h < 0.0 ? 0.0 : c - h;
+    *hi = c + h > 1.0 ? 1.0 : c + h;
+}
+
+int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int n, int max_new, rl_eval_t *out, char *err) {
+    double t0 = util_now();
+    memset(out, 0, sizeof *out);
+    task_example_t *ex = xcalloc((size_t)n, sizeof *ex);
+    int *handle = xcalloc((size_t)n, sizeof(int));
+    int rc = -1, submitted = 0;
+    const char *nl = "\n";
+    for (int i = 0; i < n; i++) {
+        handle[i] = rl_source_example(src, TASK_EVAL, (uint64_t)i, &ex[i]);
+        int32_t *ids = NULL;
+        int np = tokenizer_encode(rt->tok, ex[i].prompt, strlen(ex[i].prompt), &ids, err);
+        if (np < 0) goto done;
+        int room = rt->model->cfg.max_position_embeddings - np;
+        gen_request_t rq = {.prompt = ids, .prompt_len = np, .slot = slot, .n_samples = 1,
+                            .max_new_tokens = max_new < room ? max_new : room, .sp = {.temperature = 0.0f, .top_p = 1.0f},
+                            .seed = (uint64_t)i, .stop_ids = &rt->eos, .n_stop_ids = 1, .stop_strings = &nl,
+                            .n_stop_strings = 1, .user = (uint64_t)i};
+        int id = rq.max_new_tokens >= 1 ? gen_submit(rt->gen, &rq, err) : -1;
+        free(ids);
+        if (id < 0) {
+            if (rq.max_new_tokens < 1) err_set(err, "eval prompt %d does not fit the model's context", i);
+            goto done;
+        }
+        submitted++;
+    }
+    if (gen_run(rt->gen, err)) goto done;
+    gen_result_t *r;
+    while ((r = gen_take(rt->gen))) {
+        int i = (int)r->user;
+        float rew = rl_source_verify(src, &ex[i], handle[i], r->samples[0].text ? r->samples[0].text : "");
+        out->correct += rew >= 0.5f;
+        out->n++;
+        gen_result_free(&r);
+    }
+    rc = 0;
+done:
+    // a failure mid-way leaves no requests behind in the generator
+    while (rc && gen_pending(rt->gen)) {
+        char e2[ERR_LEN];
+        if (gen_run(rt->gen, e2)) break;
+        gen_result_t *left;
+        while ((left = gen_take(rt->gen))) gen_result_free(&left);
+    }
+    for (int i = 0; i < n; i++) task_example_free(&ex[i]);
+    free(ex);
+    free(handle);
+    (void)submitted;
+    if (rc == 0) {
+        out->acc = out->n ? (double)out->correct / out->n : 0.0;
+        rl_wilson(out->correct, out->n, &out->lo, &out->hi);
+        out->seconds = util_now() - t0;
+    }
+    return rc;
+}

@@ -1,0 +1,75 @@
+// rl.h - pieces of the RL loop shared by the services and the local tools: a runtime (model
+// folder + tokenizer + engine + KV cache + generator), task sources (built-in task or user
+// dataset), GRPO advantages, and greedy evaluation with a confidence interval.
+//
+// Layering: rl uses engine, formats and tasks; the engine knows nothing of tasks.
+#ifndef MARLAAS_RL_H
+#define MARLAAS_RL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/engine/engine.h"
+#include "common/engine/generate.h"
+#include "common/formats/tokenizer.h"
+#include "common/tasks/dataset.h"
+#include "common/tasks/tasks.h"
+
+// --- runtime --------------------------------------------------------------------------------
+typedef struct {
+    model_t *model;
+    tokenizer_t *tok;
+    lora_pool_t *pool;
+    engine_t *engine;
+    kvcache_t *kc;
+    gen_t *gen;
+    int32_t eos;          // end-of-text token id
+} rl_runtime_t;
+
+typedef struct {
+    int n_slots;          // adapter slots (default 8)
+    int kv_blocks;        // KV cache blocks of 16 tokens (default: enough for 256 full contexts)
+    int max_seqs;         // live sequences (default 512)
+    int max_batch_tokens; // rows per engine step (default 512)
+} rl_runtime_cfg_t;
+
+// Loads DIR (config.json, model.safetensors, tokenizer.json) and builds the runtime.
+rl_runtime_t *rl_runtime_open(const char *model_dir, const rl_runtime_cfg_t *cfg, char *err);
+// Builds a runtime around a model and tokenizer the caller hands over (ownership moves).
+rl_runtime_t *rl_runtime_wrap(model_t **model, tokenizer_t **tok, const rl_runtime_cfg_t *cfg, char *err);
+void rl_runtime_close(rl_runtime_t **rt);
+
+// --- task sources ---------------------------------------------------------------------------
+typedef struct {
+    const task_t *task;   // a built-in task, or
+    dataset_t *ds;        // a user dataset (owned)
+    char name[128];
+} rl_source_t;
+
+// Opens a built-in task by name, or (dataset_path != NULL) a JSONL dataset with a verifier
+// spec ("exact", "numeric:0.01", "regex", "choice"; NULL = exact).
+int rl_source_open(rl_source_t *s, const char *task_name, const char *dataset_path, const char *verifier, char *err);
+void rl_source_close(rl_source_t *s);
+// Example `index` of a split; returns the handle rl_source_verify needs (dataset record).
+int rl_source_example(const rl_source_t *s, task_split_t split, uint64_t index, task_example_t *ex);
+float rl_source_verify(const rl_source_t *s, const task_example_t *ex, int handle, const char *completion);
+
+// --- GRPO -----------------------------------------------------------------------------------
+// Group-relative advantages: reward minus the group mean, divided by the group's standard
+// deviation (+1e-4) when std_norm. A group with equal rewards gets zero advantages.
+void rl_group_advantages(const float *rewards, int G, bool std_norm, float *adv);
+
+// --- evaluation -----------------------------------------------------------------------------
+typedef struct {
+    int n, correct;
+    double acc, lo, hi;   // accuracy and its 95% Wilson interval
+    double seconds;
+} rl_eval_t;
+
+// Wilson score interval (95%) for k successes out of n.
+void rl_wilson(int k, int n, double *lo, double *hi);
+// Greedy accuracy of the model with adapter `slot` (-1 = base) on the first n eval examples of
+// src (a completion counts as correct when its reward is >= 0.5), max_new tokens per answer.
+int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int n, int max_new, rl_eval_t *out, char *err);
+
+#endif

@@ -1,0 +1,72 @@
+// dataset.h - user datasets: JSONL files of prompt / answer records with a verifier spec, used
+// like a built-in task (examples by split and index, rewards in [0, 1]).
+//
+// Format: one JSON object per line, {"prompt": "...", "answer": "..."}; other keys are
+// ignored. Blank lines (spaces, tabs, '\r' only) are skipped; CRLF line endings and a missing
+// final newline are fine. Limits: a line is at most DATASET_MAX_LINE bytes (without its line
+// ending), a file holds at most DATASET_MAX_RECORDS records.
+//
+// Verifiers (all cut the completion at its first '\n' and trim spaces, as task_answer_span):
+//   exact        the completion equals the answer;
+//   numeric[:t]  both parse as decimal numbers (-?digits[.digits][e[+-]digits], no hex, inf or
+//                nan) and differ by at most t (absolute, inclusive up to a few ulps of
+//                rounding; default 0);
+//   regex        the answer is a POSIX extended regex that must match the whole completion;
+//                every regex is compiled at load time;
+//   choice       the answer is a string or a non-empty array of strings; any of them counts.
+// Rewards are 1 or 0. Answers must have more than spaces and, except for regexes, contain no
+// '\n' (a cut completion could never match); plain answers are trimmed at load time, regexes
+// are kept verbatim. The canonical answer of an example (what dataset_example returns) is the
+// answer, or the first choice.
+//
+// Loading is all or nothing: any invalid record refuses the whole file with
+// "NAME:LINE: what is wrong" (LINE 1-based; NAME is the path for dataset_load).
+//
+// Splits: a record goes to eval when task_prompt_split(prompt) says so (about one prompt in
+// ten, by a hash of its text, so duplicate prompts stay on one side), else to train. A dataset
+// with fewer than 10 records, or whose hash puts every record on one side, uses all records
+// for both splits. Example `index` of a split is record list[index mod size]: the train list is
+// shuffled once with a fixed seed (so consecutive indices do not walk the file in order), the
+// eval list keeps file order.
+#ifndef MARLAAS_DATASET_H
+#define MARLAAS_DATASET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/tasks/tasks.h"
+
+#define DATASET_MAX_LINE (64 * 1024)
+#define DATASET_MAX_RECORDS 1000000
+
+typedef enum { VERIFY_EXACT = 0, VERIFY_NUMERIC, VERIFY_REGEX, VERIFY_CHOICE } verify_kind_t;
+
+typedef struct {
+    verify_kind_t kind;
+    double tolerance;   // VERIFY_NUMERIC: largest accepted |completion - answer|, >= 0
+} verify_spec_t;
+
+// Parses "exact", "numeric", "numeric:0.01", "regex" or "choice". Returns 0, or -1 with err.
+int verify_spec_parse(verify_spec_t *v, const char *text, char *err);
+// "exact", "numeric", "regex", "choice".
+const char *verify_kind_name(verify_kind_t kind);
+
+typedef struct dataset dataset_t;
+
+// Parses len bytes of JSONL (need not be NUL-terminated; NUL bytes are refused as bad JSON).
+// name prefixes error messages. v NULL means exact. Returns NULL with err on any problem.
+dataset_t *dataset_parse(const char *name, const char *buf, size_t len, const verify_spec_t *v, char *err);
+dataset_t *dataset_load(const char *path, const verify_spec_t *v, char *err);
+void dataset_destroy(dataset_t **d);
+
+const char *dataset_name(const dataset_t *d);
+const verify_spec_t *dataset_spec(const dataset_t *d);
+int dataset_size(const dataset_t *d);                              // all records
+int dataset_split_size(const dataset_t *d, task_split_t split);   // records in the split
+// Fills ex with copies of example `index` of split (free with task_example_free) and returns
+// its record number, the handle dataset_verify takes.
+int dataset_example(const dataset_t *d, task_split_t split, uint64_t index, task_example_t *ex);
+// Reward in [0, 1] of a completion (any bytes) for record; 0 for a record out of range.
+float dataset_verify(const dataset_t *d, int record, const char *completion);
+
+#endif
