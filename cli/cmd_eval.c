@@ -73,8 +73,9 @@ int cmd_eval(int argc, char **argv) {
         }
         slot = 0;
     }
-    printf("| task           | accuracy | 95%% interval  |    n |\n|---|---|---|---|\n");
+    static const char *header = "| task           | accuracy | 95% interval  |    n |\n|---|---|---|---|\n";
     if (all) {
+        fputs(header, stdout);
         for (int i = 0; i < task_count() && rc == 0; i++) {
             rl_source_t src = {.task = task_at(i)};
             snprintf(src.name, sizeof src.name, "%s", task_at(i)->name);
@@ -87,6 +88,7 @@ int cmd_eval(int argc, char **argv) {
             rl_runtime_close(&rt);
             return 1;
         }
+        fputs(header, stdout);
         rc = eval_one(rt, slot, &src, (int)n, (int)max_new);
         rl_source_close(&src);
     }

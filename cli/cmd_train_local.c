@@ -26,7 +26,7 @@ static void usage(void) {
            "                           [--targets all|q,k,v,o,gate,up,down] [--temperature T] [--top-p P] [--max-new T]\n"
            "                           [--kl BETA] [--clip-low E] [--clip-high E] [--no-std] [--eval-every K]\n"
            "                           [--eval-n N] [--seed S] [--metrics FILE.jsonl]\n"
-           "defaults: steps 200, group 8, prompts 8, lr 2e-3, rank 8, alpha 16, all targets, temperature 1,\n"
+           "defaults: steps 200, group 8, prompts 32, lr 3e-3, rank 8, alpha 16, all targets, temperature 1,\n"
            "top-p 1, max-new 24, kl 0, clip 0.2/0.28, std-normalised advantages, eval every 25 steps on 200 examples\n");
 }
 
@@ -50,8 +50,8 @@ static int parse_targets(const char *s, unsigned *mask) {
 }
 
 static int parse(int argc, char **argv, opts_t *o) {
-    *o = (opts_t){.targets = "all", .steps = 200, .group = 8, .prompts = 8, .rank = 8, .eval_every = 25,
-                  .eval_n = 200, .max_new = 24, .seed = 1, .lr = 2e-3, .alpha = 16, .temperature = 1.0,
+    *o = (opts_t){.targets = "all", .steps = 200, .group = 8, .prompts = 32, .rank = 8, .eval_every = 25,
+                  .eval_n = 200, .max_new = 24, .seed = 1, .lr = 3e-3, .alpha = 16, .temperature = 1.0,
                   .clip_low = 0.2, .clip_high = 0.28, .top_p = 1.0};
     static struct option lo[] = {
         {"model", required_argument, 0, 'm'},       {"task", required_argument, 0, 't'},

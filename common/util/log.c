@@ -7,15 +7,15 @@
 #include <string.h>
 #include <time.h>
 
-int log_level = LOG_INFO;
+int log_level = LOGL_INFO;
 static char log_service[32] = "marlaas";
 
 int log_parse_level(const char *s) {
     if (!s) return -1;
-    if (!strcmp(s, "debug")) return LOG_DEBUG;
-    if (!strcmp(s, "info")) return LOG_INFO;
-    if (!strcmp(s, "warn")) return LOG_WARN;
-    if (!strcmp(s, "error")) return LOG_ERROR;
+    if (!strcmp(s, "debug")) return LOGL_DEBUG;
+    if (!strcmp(s, "info")) return LOGL_INFO;
+    if (!strcmp(s, "warn")) return LOGL_WARN;
+    if (!strcmp(s, "error")) return LOGL_ERROR;
     return -1;
 }
 

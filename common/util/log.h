@@ -2,11 +2,12 @@
 //
 //   2026-11-30T08:49:50.123Z INFO  rollout job=j_12 step=4 tokens/s=1234
 //
-// The macros check the level before any formatting work is done.
+// The macros (log_info, logj_info(job, ...), ...) check the level before any formatting.
 #ifndef MARLAAS_LOG_H
 #define MARLAAS_LOG_H
 
-enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARN = 2, LOG_ERROR = 3 };
+// Level names avoid syslog.h's LOG_INFO / LOG_ERR macros, which czmq pulls in.
+enum { LOGL_DEBUG = 0, LOGL_INFO = 1, LOGL_WARN = 2, LOGL_ERROR = 3 };
 
 extern int log_level;
 
@@ -20,13 +21,13 @@ int log_parse_level(const char *s);
 void log_write(int level, const char *job, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 #define LOG_AT(lvl, job, ...) do { if ((lvl) >= log_level) log_write((lvl), (job), __VA_ARGS__); } while (0)
-#define LOG_DEBUG(...) LOG_AT(LOG_DEBUG, NULL, __VA_ARGS__)
-#define LOG_INFO(...) LOG_AT(LOG_INFO, NULL, __VA_ARGS__)
-#define LOG_WARN(...) LOG_AT(LOG_WARN, NULL, __VA_ARGS__)
-#define LOG_ERROR(...) LOG_AT(LOG_ERROR, NULL, __VA_ARGS__)
-#define LOGJ_DEBUG(job, ...) LOG_AT(LOG_DEBUG, (job), __VA_ARGS__)
-#define LOGJ_INFO(job, ...) LOG_AT(LOG_INFO, (job), __VA_ARGS__)
-#define LOGJ_WARN(job, ...) LOG_AT(LOG_WARN, (job), __VA_ARGS__)
-#define LOGJ_ERROR(job, ...) LOG_AT(LOG_ERROR, (job), __VA_ARGS__)
+#define log_debug(...) LOG_AT(LOGL_DEBUG, NULL, __VA_ARGS__)
+#define log_info(...) LOG_AT(LOGL_INFO, NULL, __VA_ARGS__)
+#define log_warn(...) LOG_AT(LOGL_WARN, NULL, __VA_ARGS__)
+#define log_error(...) LOG_AT(LOGL_ERROR, NULL, __VA_ARGS__)
+#define logj_debug(job, ...) LOG_AT(LOGL_DEBUG, (job), __VA_ARGS__)
+#define logj_info(job, ...) LOG_AT(LOGL_INFO, (job), __VA_ARGS__)
+#define logj_warn(job, ...) LOG_AT(LOGL_WARN, (job), __VA_ARGS__)
+#define logj_error(job, ...) LOG_AT(LOGL_ERROR, (job), __VA_ARGS__)
 
 #endif

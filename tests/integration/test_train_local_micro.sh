@@ -2,9 +2,9 @@
 # Synchronous GRPO (marlaas train-local) on the shipped micro model must raise a task's greedy
 # eval accuracy by at least MARGIN points within STEPS steps. Fails if learning breaks.
 set -euo pipefail
-TASK=${TASK:-mul1}
-STEPS=${STEPS:-150}
-MARGIN=${MARGIN:-10}
+TASK=${TASK:-vowels}
+STEPS=${STEPS:-200}
+MARGIN=${MARGIN:-15}
 BIN=${MARLAAS_BIN:-build/bin}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
