@@ -130,11 +130,11 @@ static double run_train(engine_t *e, const hf_config_t *c, int B, int P, int n_a
                                     .weight = w + (size_t)i * P, .old_logp = old + (size_t)i * P,
                                     .advantage = (i % 2) ? 1.0f : -1.0f};
     loss_cfg_t lc = {.kind = LOSS_RL, .temperature = 1.0f, .clip_low = 0.2f, .clip_high = 0.2f};
-    engine_train(e, s, B, &lc, NULL, grads, NULL, err);   // warm-up (buffers)
+    engine_train(e, s, B, &lc, NULL, grads, NULL, 0, err);   // warm-up (buffers)
     int reps = 0;
     double t0 = util_now(), t;
     do {
-        if (engine_train(e, s, B, &lc, NULL, grads, NULL, err)) {
+        if (engine_train(e, s, B, &lc, NULL, grads, NULL, 0, err)) {
             fprintf(stderr, "bench: %s\n", err);
             exit(1);
         }

@@ -464,8 +464,8 @@ enum { RUN_TRAIN, RUN_LOGPROBS };
 
 // Shared driver of engine_train and engine_logprobs: forward, chunked head + loss, backward.
 static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cfg_t *lc, int mode, float *model_grads,
-               float *const *lora_grads, loss_stats_t *stats, float *const *logp_out, float *const *ent_out,
-               char *err) {
+               float *const *lora_grads, loss_stats_t *out_stats, int n_stats, float *const *logp_out,
+               float *const *ent_out, char *err) {
     const kernels_t *k = e->k;
     const hf_config_t *cf = &e->m->cfg;
     int D = cf->hidden_size, V = cf->vocab_size, n_groups = lora_pool_slots(e->pool) + 1;
@@ -506,7 +506,7 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
             logp_out[i][0] = 0.0f;
             if (ent_out && ent_out[i]) ent_out[i][0] = 0.0f;
         }
-    if (stats) memset(stats, 0, sizeof(loss_stats_t) * (size_t)n_groups);
+    loss_stats_t *stats = out_stats ? xcalloc((size_t)n_groups, sizeof(loss_stats_t)) : NULL;
     bool backward = mode == RUN_TRAIN && M > 0;
     float *dxf = NULL;
     if (backward) {
@@ -588,21 +588,23 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
         train_backward(e, &f, dx, model_grads, lora_grads);
     }
     if (dxf) k->free(dxf);
+    if (stats) memcpy(out_stats, stats, sizeof(loss_stats_t) * (size_t)(n_stats < n_groups ? n_stats : n_groups));
+    free(stats);
     free(lp), free(en), free(dlp), free(mseq), free(mt), free(mrow), free(mtgt), free(gw);
     free(f.layers);
     return 0;
 }
 
 int engine_train(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cfg_t *lc, float *model_grads,
-                 float *const *lora_grads, loss_stats_t *stats, char *err) {
+                 float *const *lora_grads, loss_stats_t *stats, int n_stats, char *err) {
     if (!lc) return err_set(err, "engine_train: loss config required");
-    return run(e, seqs, n, lc, RUN_TRAIN, model_grads, lora_grads, stats, NULL, NULL, err);
+    return run(e, seqs, n, lc, RUN_TRAIN, model_grads, lora_grads, stats, n_stats, NULL, NULL, err);
 }
 
 int engine_logprobs(engine_t *e, const engine_train_seq_t *seqs, int n, float temperature, float *const *logp,
                     float *const *entropy, char *err) {
     loss_cfg_t lc = {.kind = LOSS_CE, .temperature = temperature};
-    return run(e, seqs, n, &lc, RUN_LOGPROBS, NULL, NULL, NULL, logp, entropy, err);
+    return run(e, seqs, n, &lc, RUN_LOGPROBS, NULL, NULL, NULL, 0, logp, entropy, err);
 }
 
 double engine_forward_flops(const model_t *m, double n_tokens, double n_logits, double mean_ctx) {

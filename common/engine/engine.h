@@ -82,10 +82,11 @@ typedef struct {
 // Forward + backward. Losses are token means within each slot (so jobs sharing a pass do not
 // change each other's scale). Gradients ACCUMULATE into model_grads (model arena layout; NULL =
 // base frozen) and lora_grads[slot] (adapter arena layout; NULL entry or array = frozen).
-// stats (may be NULL) has lora_pool_slots() + 1 entries: index slot + 1 (0 = base rows).
+// stats (may be NULL) receives per-group statistics at index slot + 1 (0 = base rows) for the
+// first n_stats groups (lora_pool_slots() + 1 covers every slot).
 // Returns 0 or -1 + err (bad input); nothing is accumulated on error.
 int engine_train(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cfg_t *lc, float *model_grads,
-                 float *const *lora_grads, loss_stats_t *stats, char *err);
+                 float *const *lora_grads, loss_stats_t *stats, int n_stats, char *err);
 
 // Forward only: logp[s][t] = log softmax(logits_{t-1} / T)[tokens[t]] for t >= 1 (logp[s][0] = 0),
 // entropy likewise when not NULL. Uses the same code path as engine_train.
