@@ -65,14 +65,15 @@ WARN     := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wvla
 OPT      := $(if $(filter 1,$(DEBUG)),-O0,-O2) -g
 CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -march=$(ARCH) -fopenmp -MMD -MP $(WARN) -I. \
             $(BLAS_CFLAGS)
-LDLIBS   := -lcjson $(BLAS_LIBS) -fopenmp -lm -lpthread
+LDLIBS   := -lczmq -lzmq -lhiredis -lmsgpackc -lsodium -lcjson $(BLAS_LIBS) -fopenmp -lm -lpthread
 ifeq ($(SAN),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDLIBS   += -fsanitize=address,undefined
 endif
 
 # --- sources -----------------------------------------------------------------------------
-LIB_SRC   := $(wildcard common/util/*.c common/formats/*.c common/engine/*.c common/tasks/*.c common/rl/*.c) $(wildcard kernels/cpu/*.c)
+LIB_SRC   := $(wildcard common/util/*.c common/formats/*.c common/engine/*.c common/tasks/*.c common/rl/*.c common/net/*.c) \
+             $(wildcard kernels/cpu/*.c)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB       := $(BUILD)/lib/libmarlaas.a
 UNIT_SRC  := $(wildcard tests/unit/*.c)
@@ -82,9 +83,13 @@ BENCH_BIN := $(BUILD)/bin/marlaas-bench-engine
 CLI_SRC   := $(wildcard cli/*.c)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_BIN   := $(BUILD)/bin/marlaas
+SERVICES  := scheduler rollout verifier trainer
+SVC_SRC   := $(wildcard $(SERVICES:%=services/%/*.c))
+SVC_OBJ   := $(SVC_SRC:%.c=$(BUILD)/obj/%.o)
+SVC_BINS  := $(SERVICES:%=$(BUILD)/bin/marlaas-%)
 
 .PHONY: all test unit integration valgrind valgrind-run bench demo clean
-all: $(LIB) $(BENCH_BIN) $(CLI_BIN)
+all: $(LIB) $(BENCH_BIN) $(CLI_BIN) $(SVC_BINS)
 
 $(DEPS_STAMP): scripts/install-deps.sh
 	@scripts/install-deps.sh
@@ -106,6 +111,14 @@ $(BENCH_BIN): $(BUILD)/obj/bench/bench_engine.o $(LIB)
 $(CLI_BIN): $(CLI_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+# One binary per service, from the .c files of its directory.
+define svc_rule
+$(BUILD)/bin/marlaas-$(1): $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard services/$(1)/*.c)) $(LIB)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) $$^ -o $$@ $$(LDLIBS)
+endef
+$(foreach s,$(SERVICES),$(eval $(call svc_rule,$(s))))
 
 $(UNIT_BIN): $(UNIT_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
@@ -141,4 +154,4 @@ demo:
 clean:
 	rm -rf build
 
--include $(LIB_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(BUILD)/obj/bench/bench_engine.d
+-include $(LIB_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(SVC_OBJ:.o=.d) $(BUILD)/obj/bench/bench_engine.d

@@ -9,6 +9,18 @@ int cmd_pretrain(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_train_local(int argc, char **argv);
 int cmd_init_model(int argc, char **argv);
+int cmd_tenant(int argc, char **argv);
+int cmd_submit(int argc, char **argv);
+int cmd_jobs(int argc, char **argv);
+int cmd_status(int argc, char **argv);
+int cmd_cancel(int argc, char **argv);
+int cmd_metrics(int argc, char **argv);
+int cmd_watch(int argc, char **argv);
+int cmd_adapter(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_up(int argc, char **argv);
+int cmd_down(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
 
 // The character-level tokenizer of the models this project makes: printable ASCII
 // (space to '~') and '\n', then the special tokens <|endoftext|> and <|pad|>.

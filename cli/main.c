@@ -17,6 +17,18 @@ static const command_t commands[] = {
     {"eval", cmd_eval, "greedy accuracy of a model (and adapter) on tasks"},
     {"train-local", cmd_train_local, "single-process synchronous GRPO on one task (quality reference)"},
     {"init-model", cmd_init_model, "write a randomly initialised model of a given shape"},
+    {"tenant", cmd_tenant, "tenant create NAME: a tenant and its token (admin token)"},
+    {"submit", cmd_submit, "submit a job (flags or a JSON spec, optional JSONL dataset)"},
+    {"jobs", cmd_jobs, "the tenant's jobs"},
+    {"status", cmd_status, "one job's state and spec"},
+    {"cancel", cmd_cancel, "cancel a job"},
+    {"metrics", cmd_metrics, "a job's step and eval metrics (JSON lines)"},
+    {"watch", cmd_watch, "live progress of the tenant's jobs until they finish"},
+    {"adapter", cmd_adapter, "adapter pull JOB -o DIR: download a job's adapter (PEFT layout)"},
+    {"generate", cmd_generate, "generate text with a job's latest adapter"},
+    {"up", cmd_up, "start a local cluster: redis-server + the four services (run/)"},
+    {"down", cmd_down, "stop the local cluster"},
+    {"demo", cmd_demo, "up, four jobs of two tenants on models/tiny, watch, before/after table, down"},
 };
 
 static void usage(FILE *f) {

@@ -572,6 +572,10 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
                 st->entropy += wn * en[r];
                 st->ratio_mean += wn * ratio;
                 st->logp_mean += wn * lp[r];
+                if (s->on_policy && s->old_logp) {
+                    st->mismatch += fabs((double)lp[r] - s->old_logp[t]);
+                    st->mismatch_tokens += 1;
+                }
             }
         }
         k->logprob_bwd(logits, dlp, mtgt + m0, c, V, T);
@@ -588,6 +592,8 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
         train_backward(e, &f, dx, model_grads, lora_grads);
     }
     if (dxf) k->free(dxf);
+    for (int g = 0; stats && g < n_groups; g++)
+        if (stats[g].mismatch_tokens > 0) stats[g].mismatch /= stats[g].mismatch_tokens;
     if (stats) memcpy(out_stats, stats, sizeof(loss_stats_t) * (size_t)(n_stats < n_groups ? n_stats : n_groups));
     free(stats);
     free(lp), free(en), free(dlp), free(mseq), free(mt), free(mrow), free(mtgt), free(gw);

@@ -66,6 +66,8 @@ typedef struct {
     const float *old_logp; // (len) behaviour log-probs (RL)
     const float *ref_logp; // (len) reference log-probs for KL (RL with kl_coef > 0)
     float advantage;       // sequence advantage (RL)
+    bool on_policy;        // sampled with the current parameters: |logp - old_logp| measures
+                           // the rollout/trainer log-prob mismatch (loss_stats_t.mismatch)
 } engine_train_seq_t;
 
 // Token means over the weighted tokens of one group (an adapter slot).
@@ -77,6 +79,8 @@ typedef struct {
     double entropy;       // of softmax(logits / T)
     double ratio_mean;
     double logp_mean;
+    double mismatch;      // mean |logp - old_logp| over weighted tokens of on_policy sequences
+    double mismatch_tokens;
 } loss_stats_t;
 
 // Forward + backward. Losses are token means within each slot (so jobs sharing a pass do not

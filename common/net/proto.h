@@ -27,7 +27,8 @@
 #define PROTO_MAX_STR 4096               // bytes of a name, token, error message or string argument
 #define PROTO_MAX_TEXT (128u << 10)      // bytes of a prompt or completion text (PROTO_MAX_TOKENS
                                          // tokens of up to 16 bytes each)
-#define PROTO_MAX_ID 64                  // bytes of an id (job, tenant, service instance)
+#define PROTO_MAX_ID 64                  // bytes of an id (job, tenant, service instance) with
+                                         // its NUL: an id fits char[PROTO_MAX_ID]
 #define PROTO_MAX_ITEMS 1024             // prompts in one rollout task
 #define PROTO_MAX_SAMPLES 256            // samples per prompt (group size)
 #define PROTO_MAX_TOKENS 8192            // tokens in one prompt or completion

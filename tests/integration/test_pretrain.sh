@@ -5,7 +5,7 @@ set -euo pipefail
 BIN=${MARLAAS_BIN:-build/bin}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-export MARLAAS_THREADS=2
+export MARLAAS_THREADS=1
 for run in a b; do
     "$BIN"/marlaas pretrain --out "$out/$run" --params 60000 --tasks add1,rev,maj --steps 40 --seed 7 --eval-n 20 2> "$out/$run.log"
 done

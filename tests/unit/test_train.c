@@ -99,7 +99,7 @@ Test(train, grpo_raises_toy_reward) {
                 w[i][P + t] = 1.0f;
             }
             ts[i] = (engine_train_seq_t){.tokens = tok[i], .len = P + s->n, .slot = 0, .weight = w[i],
-                                         .old_logp = old[i], .advantage = (float)((rw[i] - mean) / (sqrt(var) + 1e-4))};
+                                         .old_logp = old[i], .on_policy = true, .advantage = (float)((rw[i] - mean) / (sqrt(var) + 1e-4))};
         }
         gen_result_free(&res);
         if (var == 0) continue;
@@ -109,6 +109,8 @@ Test(train, grpo_raises_toy_reward) {
         cr_assert_eq(engine_train(e, ts, G, &lc, NULL, grads, st, (int)(sizeof st / sizeof st[0]), err), 0, "%s", err);
         // on-policy: ratio is 1 up to float noise between the rollout and trainer forward
         cr_assert_float_eq(st[1].ratio_mean, 1.0, 1e-4);
+        cr_assert_gt(st[1].mismatch_tokens, 0);
+        cr_assert_lt(st[1].mismatch, 1e-5, "rollout/trainer log-prob mismatch %g", st[1].mismatch);
         optim_step(o, ad->params, grad);
     }
     cr_assert_gt(late, early + 0.25, "mean reward %.3f -> %.3f", early, late);

@@ -1,0 +1,520 @@
+// cmd_api.c - the `marlaas` commands that talk to the scheduler API: tenant create, submit,
+// jobs, status, cancel, metrics, watch, adapter pull, generate.
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "cli/client.h"
+#include "common/engine/lora.h"
+#include "common/rl/rl.h"
+
+// Common flags: --api, --token. Returns a connected client or NULL (message printed).
+static client_t *connect_api(const char *api, const char *token, bool admin) {
+    char err[ERR_LEN];
+    const char *tok = admin ? client_admin_token(token) : client_token(token);
+    if (!tok) {
+        fprintf(stderr, "marlaas: no %s token: pass --token or set %s (`marlaas up` writes run/env)\n",
+                admin ? "admin" : "tenant", admin ? "MARLAAS_ADMIN_TOKEN" : "MARLAAS_TOKEN");
+        return NULL;
+    }
+    client_t *c = client_new(client_endpoint(api), tok, 10000, err);
+    if (!c) fprintf(stderr, "marlaas: %s\n", err);
+    return c;
+}
+
+static int call(client_t *c, const char *op, proto_args_t *args, proto_rep_t *rep) {
+    char err[ERR_LEN] = "";
+    if (client_call(c, op, args, rep, err)) {
+        fprintf(stderr, "marlaas: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+// Parses --api/--token plus the given options; returns optind or -1.
+typedef struct {
+    const char *api, *token;
+} conn_t;
+
+// --- tenant -------------------------------------------------------------------------------------
+
+int cmd_tenant(int argc, char **argv) {
+    conn_t cn = {0};
+    long quota = 16;
+    static struct option lo[] = {{"api", required_argument, 0, 'a'}, {"token", required_argument, 0, 't'},
+                                 {"quota", required_argument, 0, 'q'}, {"help", no_argument, 0, 'h'}, {0}};
+    int o;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        if (o == 'a') cn.api = optarg;
+        else if (o == 't') cn.token = optarg;
+        else if (o == 'q') {
+            if (cli_int("--quota", optarg, 1, 10000, &quota)) return 2;
+        } else {
+            printf("usage: marlaas tenant create NAME [--quota N] [--token ADMIN_TOKEN] [--api ENDPOINT]\n");
+            return o == 'h' ? 0 : 2;
+        }
+    }
+    if (argc - optind != 2 || strcmp(argv[optind], "create")) {
+        fprintf(stderr, "usage: marlaas tenant create NAME [--quota N]\n");
+        return 2;
+    }
+    client_t *c = connect_api(cn.api, cn.token, true);
+    if (!c) return 1;
+    proto_args_t a = {0};
+    proto_args_str(&a, "name", argv[optind + 1]);
+    proto_args_int(&a, "quota", quota);
+    proto_rep_t rep;
+    int rc = call(c, "tenant_create", &a, &rep);
+    if (!rc) {
+        printf("tenant %s\ntoken %s\n", proto_args_get_str(&rep.result, "tenant"), proto_args_get_str(&rep.result, "token"));
+        fprintf(stderr, "keep the token: it is shown once (export MARLAAS_TOKEN=...)\n");
+        proto_rep_free(&rep);
+    }
+    client_destroy(&c);
+    return rc ? 1 : 0;
+}
+
+// --- submit -------------------------------------------------------------------------------------
+
+int cmd_submit(int argc, char **argv) {
+    conn_t cn = {0};
+    const char *spec_file = NULL, *dataset = NULL;
+    cJSON *spec = cJSON_CreateObject();
+    static struct option lo[] = {
+        {"api", required_argument, 0, 'a'},       {"token", required_argument, 0, 't'},
+        {"spec", required_argument, 0, 's'},      {"dataset", required_argument, 0, 'd'},
+        {"task", required_argument, 0, 'T'},      {"name", required_argument, 0, 'n'},
+        {"steps", required_argument, 0, 'S'},     {"group", required_argument, 0, 'g'},
+        {"prompts", required_argument, 0, 'p'},   {"lr", required_argument, 0, 'l'},
+        {"rank", required_argument, 0, 'r'},      {"verifier", required_argument, 0, 'v'},
+        {"target-accuracy", required_argument, 0, 'A'}, {"eval-every", required_argument, 0, 'E'},
+        {"eval-n", required_argument, 0, 'N'},    {"temperature", required_argument, 0, 'k'},
+        {"staleness", required_argument, 0, 'z'}, {"weight", required_argument, 0, 'w'},
+        {"reward-endpoint", required_argument, 0, 'R'}, {"max-new", required_argument, 0, 'x'},
+        {"help", no_argument, 0, 'h'},            {0}};
+    int o, bad = 0;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        double d;
+        switch (o) {
+        case 'a': cn.api = optarg; break;
+        case 't': cn.token = optarg; break;
+        case 's': spec_file = optarg; break;
+        case 'd': dataset = optarg; break;
+        case 'T': cJSON_AddStringToObject(spec, "task", optarg); break;
+        case 'n': cJSON_AddStringToObject(spec, "name", optarg); break;
+        case 'v': cJSON_AddStringToObject(spec, "verifier", optarg); break;
+        case 'R': cJSON_AddItemToObject(spec, "reward", cJSON_CreateObject());
+                  cJSON_AddStringToObject(cJSON_GetObjectItem(spec, "reward"), "endpoint", optarg); break;
+        case 'S': case 'g': case 'p': case 'l': case 'r': case 'A': case 'E': case 'N': case 'k': case 'z': case 'w': case 'x': {
+            static const char *keys[128] = {['S'] = "max_steps", ['g'] = "group", ['p'] = "prompts", ['l'] = "lr",
+                                            ['r'] = "rank", ['A'] = "target_accuracy", ['E'] = "eval_every",
+                                            ['N'] = "eval_n", ['k'] = "temperature", ['z'] = "staleness",
+                                            ['w'] = "weight", ['x'] = "max_new"};
+            if (cli_float(keys[o], optarg, -1e12, 1e12, &d)) bad = 1;
+            else cJSON_AddNumberToObject(spec, keys[o], d);
+            break;
+        }
+        case 'h':
+            printf("usage: marlaas submit (--spec FILE.json | --task NAME [--steps N] [--group G] [--prompts B] [--lr LR]\n"
+                   "                      [--rank R] [--temperature T] [--staleness ETA] [--weight W] [--eval-every K]\n"
+                   "                      [--eval-n N] [--target-accuracy A] [--max-new T] [--reward-endpoint tcp://...])\n"
+                   "                      [--dataset FILE.jsonl [--verifier exact|numeric[:tol]|regex|choice]] [--name NAME]\n"
+                   "Flags override the fields of --spec. The job spec reference is in the README.\n");
+            cJSON_Delete(spec);
+            return 0;
+        default: bad = 1;
+        }
+    }
+    if (bad || optind < argc) {
+        cJSON_Delete(spec);
+        fprintf(stderr, "marlaas submit: bad arguments (marlaas submit --help)\n");
+        return 2;
+    }
+    char err[ERR_LEN];
+    if (spec_file) {
+        char *txt = util_read_file(spec_file, NULL, err);
+        cJSON *base = txt ? cJSON_Parse(txt) : NULL;
+        free(txt);
+        if (!cJSON_IsObject(base)) {
+            fprintf(stderr, "marlaas submit: %s\n", base ? "the spec file must hold a JSON object" : err[0] ? err : "bad JSON");
+            cJSON_Delete(base), cJSON_Delete(spec);
+            return 1;
+        }
+        cJSON *it;
+        cJSON_ArrayForEach(it, spec) {
+            if (cJSON_GetObjectItem(base, it->string))
+                cJSON_ReplaceItemInObject(base, it->string, cJSON_Duplicate(it, true));
+            else
+                cJSON_AddItemToObject(base, it->string, cJSON_Duplicate(it, true));
+        }
+        cJSON_Delete(spec);
+        spec = base;
+    }
+    if (dataset && !cJSON_GetObjectItem(spec, "dataset")) cJSON_AddBoolToObject(spec, "dataset", true);
+    if (dataset && !cJSON_GetObjectItem(spec, "task")) cJSON_AddStringToObject(spec, "task", "dataset");
+    char *spec_txt = cJSON_PrintUnformatted(spec);
+    cJSON_Delete(spec);
+    size_t dlen = 0;
+    char *data = dataset ? util_read_file(dataset, &dlen, err) : NULL;
+    if (dataset && !data) {
+        fprintf(stderr, "marlaas submit: %s\n", err);
+        cJSON_free(spec_txt);
+        return 1;
+    }
+    client_t *c = connect_api(cn.api, cn.token, false);
+    int rc = 1;
+    if (c) {
+        proto_args_t a = {0};
+        proto_args_str(&a, "spec", spec_txt);
+        if (data) proto_args_bin(&a, "dataset", data, dlen);
+        proto_rep_t rep;
+        if (!call(c, "job_submit", &a, &rep)) {
+            printf("%s\n", proto_args_get_str(&rep.result, "job"));
+            proto_rep_free(&rep);
+            rc = 0;
+        }
+        client_destroy(&c);
+    }
+    cJSON_free(spec_txt);
+    free(data);
+    return rc;
+}
+
+// --- jobs / status / cancel / metrics ------------------------------------------------------------
+
+static int simple(int argc, char **argv, const char *op, const char *usage, int need_job, proto_rep_t *rep, conn_t *cn) {
+    static struct option lo[] = {{"api", required_argument, 0, 'a'}, {"token", required_argument, 0, 't'},
+                                 {"help", no_argument, 0, 'h'}, {0}};
+    int o;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        if (o == 'a') cn->api = optarg;
+        else if (o == 't') cn->token = optarg;
+        else {
+            printf("usage: %s\n", usage);
+            return o == 'h' ? 0 : 2;
+        }
+    }
+    if (argc - optind != need_job) {
+        fprintf(stderr, "usage: %s\n", usage);
+        return 2;
+    }
+    client_t *c = connect_api(cn->api, cn->token, false);
+    if (!c) return 1;
+    proto_args_t a = {0};
+    if (need_job) proto_args_str(&a, "job", argv[optind]);
+    int rc = call(c, op, &a, rep);
+    client_destroy(&c);
+    return rc ? 1 : -1;   // -1: ok, rep filled
+}
+
+static double num(const cJSON *o, const char *k, double def) {
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : def;
+}
+
+static const char *str(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+static void print_jobs(const cJSON *arr) {
+    printf("%-8s %-16s %-10s %-10s %7s %9s %9s\n", "job", "name", "task", "status", "step", "acc0", "acc");
+    const cJSON *j;
+    cJSON_ArrayForEach(j, arr) {
+        char st[32];
+        snprintf(st, sizeof st, "%.0f/%.0f", num(j, "step", 0), num(j, "max_steps", 0));
+        double a0 = num(j, "eval_acc0", -1), a = num(j, "eval_acc", -1);
+        char s0[16] = "-", s1[16] = "-";
+        if (a0 >= 0) snprintf(s0, sizeof s0, "%.1f%%", 100 * a0);
+        if (a >= 0) snprintf(s1, sizeof s1, "%.1f%%", 100 * a);
+        printf("%-8s %-16s %-10s %-10s %7s %9s %9s\n", str(j, "id"), str(j, "name"), str(j, "task"), str(j, "status"),
+               st, s0, s1);
+    }
+}
+
+int cmd_jobs(int argc, char **argv) {
+    conn_t cn = {0};
+    proto_rep_t rep;
+    int rc = simple(argc, argv, "job_list", "marlaas jobs [--token T] [--api E]", 0, &rep, &cn);
+    if (rc >= 0) return rc;
+    cJSON *arr = cJSON_Parse(proto_args_get_str(&rep.result, "jobs"));
+    print_jobs(arr);
+    cJSON_Delete(arr);
+    proto_rep_free(&rep);
+    return 0;
+}
+
+int cmd_status(int argc, char **argv) {
+    conn_t cn = {0};
+    proto_rep_t rep;
+    int rc = simple(argc, argv, "job_status", "marlaas status JOB [--token T] [--api E]", 1, &rep, &cn);
+    if (rc >= 0) return rc;
+    cJSON *o = cJSON_Parse(proto_args_get_str(&rep.result, "status"));
+    char *txt = cJSON_Print(o);
+    printf("%s\n", txt ? txt : "{}");
+    cJSON_free(txt);
+    cJSON_Delete(o);
+    proto_rep_free(&rep);
+    return 0;
+}
+
+int cmd_cancel(int argc, char **argv) {
+    conn_t cn = {0};
+    proto_rep_t rep;
+    int rc = simple(argc, argv, "job_cancel", "marlaas cancel JOB [--token T] [--api E]", 1, &rep, &cn);
+    if (rc >= 0) return rc;
+    printf("%s\n", proto_args_get_str(&rep.result, "status"));
+    proto_rep_free(&rep);
+    return 0;
+}
+
+int cmd_metrics(int argc, char **argv) {
+    conn_t cn = {0};
+    proto_rep_t rep;
+    int rc = simple(argc, argv, "job_metrics", "marlaas metrics JOB [--token T] [--api E]   (JSON lines)", 1, &rep, &cn);
+    if (rc >= 0) return rc;
+    cJSON *arr = cJSON_Parse(proto_args_get_str(&rep.result, "metrics")), *e;
+    cJSON_ArrayForEach(e, arr) {
+        char *t = cJSON_PrintUnformatted(e);
+        printf("%s\n", t);
+        cJSON_free(t);
+    }
+    cJSON_Delete(arr);
+    proto_rep_free(&rep);
+    return 0;
+}
+
+// --- watch ----------------------------------------------------------------------------------------
+
+static void bar(char *out, size_t n, double frac, int width) {
+    int k = (int)(frac * width + 0.5);
+    if (k < 0) k = 0;
+    if (k > width) k = width;
+    size_t p = 0;
+    for (int i = 0; i < width && p + 4 < n; i++) p += (size_t)snprintf(out + p, n - p, "%s", i < k ? "█" : "░");
+}
+
+int cmd_watch(int argc, char **argv) {
+    conn_t cn = {0};
+    int once = 0;
+    long interval = 1;
+    static struct option lo[] = {{"api", required_argument, 0, 'a'}, {"token", required_argument, 0, 't'},
+                                 {"once", no_argument, 0, 'o'}, {"interval", required_argument, 0, 'i'},
+                                 {"help", no_argument, 0, 'h'}, {0}};
+    int o;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        if (o == 'a') cn.api = optarg;
+        else if (o == 't') cn.token = optarg;
+        else if (o == 'o') once = 1;
+        else if (o == 'i') {
+            if (cli_int("--interval", optarg, 1, 3600, &interval)) return 2;
+        } else {
+            printf("usage: marlaas watch [--once] [--interval S] [--token T]   (until every job has finished)\n");
+            return o == 'h' ? 0 : 2;
+        }
+    }
+    client_t *c = connect_api(cn.api, cn.token, false);
+    if (!c) return 1;
+    bool tty = isatty(1), first = true;
+    int lines = 0;
+    for (;;) {
+        proto_rep_t rep;
+        if (call(c, "job_list", NULL, &rep)) {
+            client_destroy(&c);
+            return 1;
+        }
+        cJSON *arr = cJSON_Parse(proto_args_get_str(&rep.result, "jobs")), *j;
+        proto_rep_free(&rep);
+        if (tty && !first) printf("\033[%dA", lines);
+        first = false;
+        lines = 0;
+        int active = 0;
+        cJSON_ArrayForEach(j, arr) {
+            const char *id = str(j, "id");
+            proto_args_t a = {0};
+            proto_args_str(&a, "job", id);
+            double reward = -1, stale = 0, eta = -1;
+            if (!call(c, "job_metrics", &a, &rep)) {
+                cJSON *m = cJSON_Parse(proto_args_get_str(&rep.result, "metrics")), *e, *last = NULL;
+                double t_first = -1, s_first = 0;
+                cJSON_ArrayForEach(e, m) {
+                    if (cJSON_GetObjectItem(e, "reward")) {
+                        if (t_first < 0) t_first = num(e, "time", 0), s_first = num(e, "step", 0);
+                        last = e;
+                    }
+                }
+                if (last) {
+                    reward = num(last, "reward", -1);
+                    stale = num(last, "staleness", 0);
+                    double ds = num(last, "step", 0) - s_first, dt = num(last, "time", 0) - t_first;
+                    if (ds > 0 && dt > 0) eta = (num(j, "max_steps", 0) - num(last, "step", 0)) * dt / ds;
+                }
+                cJSON_Delete(m);
+                proto_rep_free(&rep);
+            }
+            double step = num(j, "step", 0), max = num(j, "max_steps", 1);
+            const char *status = str(j, "status");
+            active += !strcmp(status, "running") || !strcmp(status, "queued");
+            char b[256], acc[48] = "-", rw[16] = "-", et[24] = "-";
+            bar(b, sizeof b, step / (max > 0 ? max : 1), 24);
+            if (num(j, "eval_acc", -1) >= 0)
+                snprintf(acc, sizeof acc, "%.1f%% (from %.1f%%)", 100 * num(j, "eval_acc", 0), 100 * num(j, "eval_acc0", 0));
+            if (reward >= 0) snprintf(rw, sizeof rw, "%.3f", reward);
+            if (eta >= 0 && !strcmp(status, "running")) snprintf(et, sizeof et, "%.0fs", eta);
+            printf("%-6s %-10s %s %4.0f/%-4.0f %-9s reward %-6s acc %-20s stale %.1f ETA %-6s\033[K\n", id,
+                   str(j, "task"), b, step, max, status, rw, acc, stale, et);
+            lines++;
+        }
+        cJSON_Delete(arr);
+        fflush(stdout);
+        if (once || active == 0) break;
+        sleep((unsigned)interval);
+    }
+    client_destroy(&c);
+    return 0;
+}
+
+// --- adapter pull / generate ---------------------------------------------------------------------
+
+// Fetches a job's adapter (latest or version) and writes it in PEFT layout to dir.
+static int pull(client_t *c, const char *job, long version, const char *dir, char *err) {
+    proto_args_t a = {0};
+    proto_args_str(&a, "job", job);
+    if (version >= 0) proto_args_int(&a, "version", version);
+    proto_rep_t rep;
+    if (client_call(c, "adapter_get", &a, &rep, err)) return -1;
+    const proto_val_t *blob = proto_args_get(&rep.result, "blob");
+    hf_config_t mc;
+    int rc = -1;
+    if (!blob || blob->kind != PROTO_VAL_BIN || hf_config_parse(&mc, proto_args_get_str(&rep.result, "model_config"), err)) {
+        if (!err[0]) err_set(err, "malformed adapter reply");
+        goto done;
+    }
+    lora_t *ad = lora_deserialize(blob->s, blob->len, &mc, kernels_cpu(), err);
+    if (ad) {
+        rc = lora_save(ad, dir, err);
+        lora_destroy(&ad);
+    }
+    int64_t v = 0;
+    proto_args_get_int(&rep.result, "version", &v);
+    if (rc == 0) fprintf(stderr, "adapter of %s, version %lld, written to %s (PEFT layout)\n", job, (long long)v, dir);
+done:
+    proto_rep_free(&rep);
+    return rc;
+}
+
+int cmd_adapter(int argc, char **argv) {
+    conn_t cn = {0};
+    const char *out = NULL;
+    long version = -1;
+    static struct option lo[] = {{"api", required_argument, 0, 'a'}, {"token", required_argument, 0, 't'},
+                                 {"out", required_argument, 0, 'o'}, {"version", required_argument, 0, 'v'},
+                                 {"help", no_argument, 0, 'h'}, {0}};
+    int o;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "o:", lo, NULL)) != -1) {
+        if (o == 'a') cn.api = optarg;
+        else if (o == 't') cn.token = optarg;
+        else if (o == 'o') out = optarg;
+        else if (o == 'v') {
+            if (cli_int("--version", optarg, 0, 100000000, &version)) return 2;
+        } else {
+            printf("usage: marlaas adapter pull JOB -o DIR [--version V]\n");
+            return o == 'h' ? 0 : 2;
+        }
+    }
+    if (argc - optind != 2 || strcmp(argv[optind], "pull") || !out) {
+        fprintf(stderr, "usage: marlaas adapter pull JOB -o DIR [--version V]\n");
+        return 2;
+    }
+    client_t *c = connect_api(cn.api, cn.token, false);
+    if (!c) return 1;
+    char err[ERR_LEN] = "";
+    int rc = pull(c, argv[optind + 1], version, out, err);
+    if (rc) fprintf(stderr, "marlaas adapter pull: %s\n", err);
+    client_destroy(&c);
+    return rc ? 1 : 0;
+}
+
+int cmd_generate(int argc, char **argv) {
+    conn_t cn = {0};
+    const char *job = NULL, *model = NULL;
+    long max_new = 32;
+    static struct option lo[] = {{"api", required_argument, 0, 'a'},   {"token", required_argument, 0, 't'},
+                                 {"job", required_argument, 0, 'j'},   {"model", required_argument, 0, 'm'},
+                                 {"max-new", required_argument, 0, 'x'}, {"help", no_argument, 0, 'h'}, {0}};
+    int o;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        if (o == 'a') cn.api = optarg;
+        else if (o == 't') cn.token = optarg;
+        else if (o == 'j') job = optarg;
+        else if (o == 'm') model = optarg;
+        else if (o == 'x') {
+            if (cli_int("--max-new", optarg, 1, 4096, &max_new)) return 2;
+        } else {
+            printf("usage: marlaas generate [--job JOB] [--model DIR] TEXT   (greedy; the job's latest adapter)\n");
+            return o == 'h' ? 0 : 2;
+        }
+    }
+    if (argc - optind != 1) {
+        fprintf(stderr, "usage: marlaas generate [--job JOB] [--model DIR] TEXT\n");
+        return 2;
+    }
+    char err[ERR_LEN] = "", tmp[] = "/tmp/marlaas-adapter-XXXXXX";
+    if (!model) model = getenv("MARLAAS_MODEL") ? getenv("MARLAAS_MODEL") : "models/tiny";
+    rl_runtime_t *rt = rl_runtime_open(model, NULL, err);
+    if (!rt) {
+        fprintf(stderr, "marlaas generate: %s\n", err);
+        return 1;
+    }
+    int slot = -1, rc = 1;
+    if (job) {
+        client_t *c = connect_api(cn.api, cn.token, false);
+        if (!c || !mkdtemp(tmp) || pull(c, job, -1, tmp, err)) {
+            if (err[0]) fprintf(stderr, "marlaas generate: %s\n", err);
+            client_destroy(&c);
+            goto done;
+        }
+        client_destroy(&c);
+        lora_t *a = lora_load(tmp, &rt->model->cfg, kernels_cpu(), err);
+        if (!a || lora_pool_set(rt->pool, 0, &a, err)) {
+            fprintf(stderr, "marlaas generate: %s\n", err);
+            lora_destroy(&a);
+            goto done;
+        }
+        slot = 0;
+    }
+    int32_t *ids = NULL;
+    const char *text = argv[optind];
+    int n = tokenizer_encode(rt->tok, text, strlen(text), &ids, err);
+    if (n < 0) {
+        fprintf(stderr, "marlaas generate: %s\n", err);
+        goto done;
+    }
+    const char *nl = "\n";
+    gen_request_t rq = {.prompt = ids, .prompt_len = n, .slot = slot, .n_samples = 1, .max_new_tokens = (int)max_new,
+                        .sp = {.temperature = 0, .top_p = 1}, .stop_ids = &rt->eos, .n_stop_ids = 1,
+                        .stop_strings = &nl, .n_stop_strings = 1};
+    if (gen_submit(rt->gen, &rq, err) < 0 || gen_run(rt->gen, err)) {
+        fprintf(stderr, "marlaas generate: %s\n", err);
+        free(ids);
+        goto done;
+    }
+    free(ids);
+    gen_result_t *r = gen_take(rt->gen);
+    printf("%s%s\n", text, r->samples[0].text ? r->samples[0].text : "");
+    gen_result_free(&r);
+    rc = 0;
+done:
+    rl_runtime_close(&rt);
+    return rc;
+}

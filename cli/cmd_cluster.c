@@ -1,0 +1,384 @@
+// cmd_cluster.c - `marlaas up` / `down` / `demo`: a local cluster of a private redis-server and
+// the four services, with logs, pid files and the connection settings in a run directory.
+#include <errno.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cjson/cJSON.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "cli/cli.h"
+#include "cli/client.h"
+#include "common/net/store.h"
+
+typedef struct {
+    const char *run, *model, *policy;
+    long port_base, redis_port;
+} cluster_opts_t;
+
+static const char *services[4] = {"scheduler", "verifier", "trainer", "rollout"};
+
+// Directory of the running marlaas binary: the service binaries sit beside it.
+static void bin_dir(char *out, size_t n) {
+    char exe[4096];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k <= 0) {
+        snprintf(out, n, "build/bin");
+        return;
+    }
+    exe[k] = 0;
+    snprintf(out, n, "%s", dirname(exe));
+}
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+// Starts argv[0] detached (own session) with output to log; returns its pid.
+static pid_t spawn(char *const argv[], const char *log, char *const extra_env[]) {
+    pid_t p = fork();
+    if (p != 0) return p;
+    setsid();
+    FILE *f = fopen(log, "a");
+    if (f) {
+        dup2(fileno(f), 1);
+        dup2(fileno(f), 2);
+    }
+    for (int i = 0; extra_env && extra_env[i]; i++) putenv(extra_env[i]);
+    execvp(argv[0], argv);
+    fprintf(stderr, "cannot start %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+}
+
+static int read_pids(const char *run, char names[8][32], pid_t pids[8]) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/pids", run);
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    while (f && n < 8 && fscanf(f, "%31s %d", names[n], &pids[n]) == 2) n++;
+    if (f) fclose(f);
+    return n;
+}
+
+static int cluster_down(const char *run, bool quiet) {
+    char names[8][32];
+    pid_t pids[8];
+    int n = read_pids(run, names, pids);
+    if (n == 0) {
+        if (!quiet) fprintf(stderr, "marlaas down: no cluster recorded in %s/pids\n", run);
+        return quiet ? 0 : 1;
+    }
+    // services first (they flush state to Redis), Redis last
+    for (int i = n - 1; i >= 0; i--) kill(pids[i], SIGTERM);
+    for (int w = 0; w < 50; w++) {
+        int alive = 0;
+        for (int i = 0; i < n; i++) alive += kill(pids[i], 0) == 0;
+        if (!alive) break;
+        usleep(100000);
+    }
+    for (int i = 0; i < n; i++)
+        if (kill(pids[i], 0) == 0) kill(pids[i], SIGKILL);
+    while (waitpid(-1, NULL, WNOHANG) > 0) {}
+    char path[4096];
+    snprintf(path, sizeof path, "%s/pids", run);
+    unlink(path);
+    if (!quiet) fprintf(stderr, "down: stopped %d processes\n", n);
+    return 0;
+}
+
+static int cluster_up(const cluster_opts_t *o, char admin[65]) {
+    char err[ERR_LEN], path[4096], bdir[4096], logs[4096];
+    if (util_mkdirs(o->run, err)) {
+        fprintf(stderr, "marlaas up: %s\n", err);
+        return -1;
+    }
+    char names[8][32];
+    pid_t pids[8];
+    int n_old = read_pids(o->run, names, pids);
+    for (int i = 0; i < n_old; i++)
+        if (kill(pids[i], 0) == 0) {
+            fprintf(stderr, "marlaas up: a cluster is already running in %s (marlaas down first)\n", o->run);
+            return -1;
+        }
+    snprintf(logs, sizeof logs, "%s/logs", o->run);
+    snprintf(path, sizeof path, "%s/redis", o->run);
+    if (util_mkdirs(logs, err) || util_mkdirs(path, err)) {
+        fprintf(stderr, "marlaas up: %s\n", err);
+        return -1;
+    }
+    bin_dir(bdir, sizeof bdir);
+    int rport = o->redis_port > 0 ? (int)o->redis_port : free_port();
+    char rp[16], rlog[4200];
+    snprintf(rp, sizeof rp, "%d", rport);
+    snprintf(rlog, sizeof rlog, "%s/redis.log", logs);
+    char *rargv[] = {"redis-server", "--port", rp, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                     "--dir", path, NULL};
+    pid_t all[5];
+    all[0] = spawn(rargv, rlog, NULL);
+    // the run directory's pid file is written as processes start, so `down` always finds them
+    snprintf(path, sizeof path, "%s/pids", o->run);
+    FILE *pf = fopen(path, "w");
+    if (!pf) {
+        fprintf(stderr, "marlaas up: cannot write %s\n", path);
+        kill(all[0], SIGKILL);
+        return -1;
+    }
+    fprintf(pf, "redis %d\n", (int)all[0]);
+    fflush(pf);
+    store_t *st = NULL;
+    for (int i = 0; i < 50 && !st; i++) {
+        usleep(100000);
+        st = store_new("127.0.0.1", rport, NULL, err);
+    }
+    if (!st) {
+        fprintf(stderr, "marlaas up: redis-server did not start (%s; see %s)\n", err, rlog);
+        fclose(pf);
+        cluster_down(o->run, true);
+        return -1;
+    }
+    store_destroy(&st);
+    unsigned char rnd[24];
+    if (sodium_init() < 0) return -1;
+    randombytes_buf(rnd, sizeof rnd);
+    sodium_bin2hex(admin, 49, rnd, sizeof rnd);
+    long b = o->port_base;
+    char env[9][300];
+    snprintf(env[0], 300, "MARLAAS_REDIS=127.0.0.1:%d", rport);
+    snprintf(env[1], 300, "MARLAAS_API=tcp://127.0.0.1:%ld", b);
+    snprintf(env[2], 300, "MARLAAS_WORK=tcp://127.0.0.1:%ld", b + 1);
+    snprintf(env[3], 300, "MARLAAS_EVENTS=tcp://127.0.0.1:%ld", b + 2);
+    snprintf(env[4], 300, "MARLAAS_REPORTS=tcp://127.0.0.1:%ld", b + 3);
+    snprintf(env[5], 300, "MARLAAS_VERIFIERS=tcp://127.0.0.1:%ld", b + 10);
+    snprintf(env[6], 300, "MARLAAS_TRAINER=tcp://127.0.0.1:%ld", b + 20);
+    snprintf(env[7], 300, "MARLAAS_TRAINER_EVENTS=tcp://127.0.0.1:%ld", b + 21);
+    snprintf(env[8], 300, "MARLAAS_ADMIN_TOKEN=%s", admin);
+    char envf[4200];
+    snprintf(envf, sizeof envf, "%s/env", o->run);
+    FILE *ef = fopen(envf, "w");
+    for (int i = 0; ef && i < 9; i++) fprintf(ef, "%s\n", env[i]);
+    if (ef) fprintf(ef, "MARLAAS_MODEL=%s\n", o->model), fclose(ef);
+    chmod(envf, 0600);
+    char model_env[4200], policy_env[64], api_bind[64];
+    snprintf(model_env, sizeof model_env, "MARLAAS_MODEL=%s", o->model);
+    snprintf(policy_env, sizeof policy_env, "MARLAAS_POLICY=%s", o->policy);
+    snprintf(api_bind, sizeof api_bind, "MARLAAS_API=tcp://127.0.0.1:%ld", b);
+    // Each service gets one thread: on a small machine the rollout and the trainer then each
+    // own a core instead of spinning against each other.
+    char *extra[13] = {env[0], env[1], env[2], env[3], env[4], env[5], env[6], env[7], env[8],
+                       model_env, policy_env, "MARLAAS_THREADS=1", NULL};
+    (void)api_bind;
+    for (int i = 0; i < 4; i++) {
+        char exe[4200], log[4200];
+        snprintf(exe, sizeof exe, "%s/marlaas-%s", bdir, services[i]);
+        snprintf(log, sizeof log, "%s/%s.log", logs, services[i]);
+        char *argv[] = {exe, NULL};
+        all[i + 1] = spawn(argv, log, extra);
+        fprintf(pf, "%s %d\n", services[i], (int)all[i + 1]);
+        fflush(pf);
+    }
+    fclose(pf);
+    // ready when the scheduler answers
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%ld", b);
+    client_t *c = client_new(ep, admin, 500, err);
+    bool ok = false;
+    for (int i = 0; i < 40 && c && !ok; i++) {
+        proto_rep_t rep;
+        char e2[ERR_LEN] = "";
+        int rc = client_call(c, "ping", NULL, &rep, e2);
+        if (rc == 0) proto_rep_free(&rep);
+        ok = rc == 0 || strstr(e2, "token");
+        for (int k = 1; k < 5 && !ok; k++)
+            if (waitpid(all[k], NULL, WNOHANG) == all[k]) {
+                fprintf(stderr, "marlaas up: %s exited at start; see %s/%s.log\n", services[k - 1], logs, services[k - 1]);
+                client_destroy(&c);
+                cluster_down(o->run, true);
+                return -1;
+            }
+    }
+    client_destroy(&c);
+    if (!ok) {
+        fprintf(stderr, "marlaas up: the scheduler does not answer; see %s/scheduler.log\n", logs);
+        cluster_down(o->run, true);
+        return -1;
+    }
+    fprintf(stderr, "up: redis-server on 127.0.0.1:%d, API on %s, model %s, policy %s; logs in %s, settings in %s\n",
+            rport, ep, o->model, o->policy, logs, envf);
+    return 0;
+}
+
+static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
+    *o = (cluster_opts_t){.run = "run", .model = "models/tiny", .policy = "async", .port_base = 7000};
+    static struct option lo[] = {{"run-dir", required_argument, 0, 'r'}, {"model", required_argument, 0, 'm'},
+                                 {"policy", required_argument, 0, 'p'}, {"port-base", required_argument, 0, 'b'},
+                                 {"redis-port", required_argument, 0, 'R'}, {"help", no_argument, 0, 'h'}, {0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        if (c == 'r') o->run = optarg;
+        else if (c == 'm') o->model = optarg;
+        else if (c == 'p') o->policy = optarg;
+        else if (c == 'b') {
+            if (cli_int("--port-base", optarg, 1024, 65000, &o->port_base)) return -1;
+        } else if (c == 'R') {
+            if (cli_int("--redis-port", optarg, 1024, 65535, &o->redis_port)) return -1;
+        } else {
+            printf("usage: %s\n", usage);
+            return c == 'h' ? 1 : -1;
+        }
+    }
+    if (strcmp(o->policy, "async") && strcmp(o->policy, "sync")) {
+        fprintf(stderr, "marlaas: --policy must be async or sync\n");
+        return -1;
+    }
+    return optind < argc ? -1 : 0;
+}
+
+int cmd_up(int argc, char **argv) {
+    cluster_opts_t o;
+    int rc = parse(argc, argv, &o, "marlaas up [--run-dir run] [--model models/tiny] [--policy async|sync] [--port-base 7000]");
+    if (rc) return rc > 0 ? 0 : 2;
+    char admin[65];
+    return cluster_up(&o, admin) ? 1 : 0;
+}
+
+int cmd_down(int argc, char **argv) {
+    cluster_opts_t o;
+    int rc = parse(argc, argv, &o, "marlaas down [--run-dir run]");
+    if (rc) return rc > 0 ? 0 : 2;
+    return cluster_down(o.run, false);
+}
+
+// --- demo ------------------------------------------------------------------------------------------
+
+static volatile sig_atomic_t interrupted;
+static void on_int(int s) {
+    (void)s;
+    interrupted = 1;
+}
+
+static int run_cmd(char *const argv[]) {
+    pid_t p = fork();
+    if (p == 0) {
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int st = 0;
+    while (waitpid(p, &st, 0) < 0 && errno == EINTR) {}
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+}
+
+int cmd_demo(int argc, char **argv) {
+    cluster_opts_t o;
+    int rc = parse(argc, argv, &o, "marlaas demo [--run-dir run] [--model models/tiny] [--policy async|sync]");
+    if (rc) return rc > 0 ? 0 : 2;
+    struct sigaction sa = {.sa_handler = on_int};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    char admin[65], err[ERR_LEN], envf[4200];
+    if (cluster_up(&o, admin)) return 1;
+    snprintf(envf, sizeof envf, "%s", o.run);
+    setenv("MARLAAS_RUN_DIR", o.run, 1);
+    rc = 1;
+    static const char *tasks[4] = {"vowels", "pad", "words", "count"};
+    static const char *tenants[2] = {"alice", "bob"};
+    char tokens[2][128], jobs[4][64];
+    client_t *c = client_new(client_endpoint(NULL), admin, 10000, err);
+    for (int t = 0; t < 2 && c; t++) {
+        proto_args_t a = {0};
+        proto_args_str(&a, "name", tenants[t]);
+        proto_rep_t rep;
+        if (client_call(c, "tenant_create", &a, &rep, err)) goto done;
+        snprintf(tokens[t], sizeof tokens[t], "%s", proto_args_get_str(&rep.result, "token"));
+        proto_rep_free(&rep);
+    }
+    client_destroy(&c);
+    for (int i = 0; i < 4; i++) {
+        c = client_new(client_endpoint(NULL), tokens[i % 2], 10000, err);
+        char spec[512];
+        snprintf(spec, sizeof spec,
+                 "{\"task\": \"%s\", \"max_steps\": 60, \"prompts\": 16, \"group\": 8, \"temperature\": 1.3,"
+                 " \"eval_every\": 20, \"eval_n\": 200}", tasks[i]);
+        proto_args_t a = {0};
+        proto_args_str(&a, "spec", spec);
+        proto_rep_t rep;
+        if (!c || client_call(c, "job_submit", &a, &rep, err)) goto done;
+        snprintf(jobs[i], sizeof jobs[i], "%s", proto_args_get_str(&rep.result, "job"));
+        proto_rep_free(&rep);
+        client_destroy(&c);
+        fprintf(stderr, "demo: tenant %s submitted %s on task %s\n", tenants[i % 2], jobs[i], tasks[i]);
+    }
+    // watch both tenants' jobs until all finish
+    char bdir[4096], exe[4200];
+    bin_dir(bdir, sizeof bdir);
+    snprintf(exe, sizeof exe, "%s/marlaas", bdir);
+    double t0 = util_now();
+    for (bool all_done = false; !all_done && !interrupted;) {
+        all_done = true;
+        printf("\n--- %.0f s ---\n", util_now() - t0);
+        for (int t = 0; t < 2 && !interrupted; t++) {
+            char tok[160];
+            snprintf(tok, sizeof tok, "--token=%.120s", tokens[t]);
+            char *argv2[] = {exe, "watch", "--once", tok, NULL};
+            run_cmd(argv2);
+            c = client_new(client_endpoint(NULL), tokens[t], 10000, err);
+            proto_rep_t rep;
+            if (c && client_call(c, "job_list", NULL, &rep, err) == 0) {
+                cJSON *arr = cJSON_Parse(proto_args_get_str(&rep.result, "jobs")), *j;
+                cJSON_ArrayForEach(j, arr) {
+                    const cJSON *s = cJSON_GetObjectItem(j, "status");
+                    if (cJSON_IsString(s) && (!strcmp(s->valuestring, "running") || !strcmp(s->valuestring, "queued")))
+                        all_done = false;
+                }
+                cJSON_Delete(arr);
+                proto_rep_free(&rep);
+            }
+            client_destroy(&c);
+        }
+        for (int k = 0; k < 20 && !all_done && !interrupted; k++) usleep(100000);
+    }
+    if (interrupted) {
+        fprintf(stderr, "demo: interrupted; stopping the cluster\n");
+        goto done;
+    }
+    printf("\n%-8s %-8s %-10s %12s %12s %8s\n", "tenant", "job", "task", "acc before", "acc after", "steps");
+    for (int i = 0; i < 4; i++) {
+        c = client_new(client_endpoint(NULL), tokens[i % 2], 10000, err);
+        proto_args_t a = {0};
+        proto_args_str(&a, "job", jobs[i]);
+        proto_rep_t rep;
+        if (c && client_call(c, "job_status", &a, &rep, err) == 0) {
+            cJSON *s = cJSON_Parse(proto_args_get_str(&rep.result, "status"));
+            double a0 = cJSON_GetNumberValue(cJSON_GetObjectItem(s, "eval_acc0"));
+            double a1 = cJSON_GetNumberValue(cJSON_GetObjectItem(s, "eval_acc"));
+            double st = cJSON_GetNumberValue(cJSON_GetObjectItem(s, "step"));
+            printf("%-8s %-8s %-10s %11.1f%% %11.1f%% %8.0f\n", tenants[i % 2], jobs[i], tasks[i], 100 * a0, 100 * a1, st);
+            cJSON_Delete(s);
+            proto_rep_free(&rep);
+        }
+        client_destroy(&c);
+    }
+    printf("demo: %.0f s\n", util_now() - t0);
+    rc = 0;
+done:
+    if (rc && !interrupted) fprintf(stderr, "demo: %s\n", err);
+    client_destroy(&c);
+    cluster_down(o.run, false);
+    return rc;
+}

@@ -1,0 +1,56 @@
+// svc.h - what every service process shares: its settings (flags, then environment, then
+// defaults), instance id, Redis connection, heartbeat, and a clean stop on SIGINT/SIGTERM.
+//
+// Settings (flag / environment variable / default):
+//   --redis        MARLAAS_REDIS           127.0.0.1:6379
+//   --prefix       MARLAAS_PREFIX          marlaas:
+//   --model        MARLAAS_MODEL           models/tiny
+//   --api          MARLAAS_API             tcp://*:7000            scheduler ROUTER (bind)
+//   --work         MARLAAS_WORK            tcp://127.0.0.1:7001    scheduler PUSH (bind tcp://*:7001)
+//   --events       MARLAAS_EVENTS          tcp://127.0.0.1:7002    scheduler PUB (job progress)
+//   --reports      MARLAAS_REPORTS         tcp://127.0.0.1:7003    scheduler PULL (reports)
+//   --verifiers    MARLAAS_VERIFIERS       tcp://127.0.0.1:7010    verifier PULL; rollouts connect to every one
+//   --trainer      MARLAAS_TRAINER         tcp://127.0.0.1:7020    trainer PULL
+//   --trainer-events MARLAAS_TRAINER_EVENTS tcp://127.0.0.1:7021   trainer PUB (adapter versions)
+//   --threads      MARLAAS_THREADS         online cores
+//   --admin-token  MARLAAS_ADMIN_TOKEN     (scheduler; required to create tenants)
+//   --policy       MARLAAS_POLICY          async                   (scheduler: async | sync)
+//   --id           MARLAAS_ID              NAME-HOST-PID
+// A service binds the endpoints it owns on all interfaces (tcp://*:PORT, port taken from the
+// setting) and connects to the others as given.
+#ifndef MARLAAS_SVC_H
+#define MARLAAS_SVC_H
+
+#include <stdbool.h>
+
+#include "common/net/store.h"
+
+typedef enum {
+    SVC_REDIS, SVC_PREFIX, SVC_MODEL, SVC_API, SVC_WORK, SVC_EVENTS, SVC_REPORTS, SVC_VERIFIERS, SVC_TRAINER,
+    SVC_TRAINER_EVENTS, SVC_THREADS, SVC_ADMIN_TOKEN, SVC_POLICY, SVC_ID, SVC_N_OPTS
+} svc_opt_t;
+
+typedef struct {
+    const char *name;              // service name
+    const char *opt[SVC_N_OPTS];
+    char id[128];
+    char extra[16][2][256];        // service-specific --key=value flags (see svc_extra)
+    int n_extra;
+} svc_t;
+
+// Parses argv (the common flags above plus --set KEY=VALUE service extras). Prints usage and
+// returns 1 for --help, -1 (message on stderr) for a bad flag, 0 otherwise.
+int svc_init(svc_t *s, const char *name, int argc, char **argv, const char *help);
+const char *svc_get(const svc_t *s, svc_opt_t o);
+// The endpoint to bind for a setting: its port on all interfaces (tcp://*:PORT).
+void svc_bind_endpoint(const svc_t *s, svc_opt_t o, char *out, size_t n);
+// A service extra (--set key=value), or def.
+const char *svc_extra(const svc_t *s, const char *key, const char *def);
+// Connects to Redis per --redis / --prefix. NULL + err.
+store_t *svc_store(const svc_t *s, char *err);
+// Writes svc:{name}:{id} (hash of the given fields plus time) with a TTL of ttl seconds.
+void svc_heartbeat(const svc_t *s, store_t *st, int ttl, int n, const char **fields, const char **values);
+// True once SIGINT or SIGTERM has been received.
+bool svc_stopping(void);
+
+#endif

@@ -1,0 +1,210 @@
+// jobspec.c - job specification: defaults, strict JSON parsing with precise errors, JSON output.
+#include "common/rl/jobspec.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/formats/peft.h"
+#include "common/tasks/dataset.h"
+#include "common/tasks/tasks.h"
+
+void jobspec_defaults(jobspec_t *s) {
+    memset(s, 0, sizeof *s);
+    snprintf(s->verifier, sizeof s->verifier, "exact");
+    s->max_steps = 200;
+    s->group = 8;
+    s->prompts = 32;
+    s->max_new = 24;
+    s->temperature = 1.0f;
+    s->top_p = 1.0f;
+    s->lr = 3e-3f;
+    s->rank = 8;
+    s->alpha = 16.0f;
+    s->targets = LORA_ALL_TARGETS;
+    s->clip_low = 0.2f;
+    s->clip_high = 0.28f;
+    s->std_norm = true;
+    s->staleness = 1;
+    s->eval_every = 25;
+    s->eval_n = 200;
+    s->weight = 1.0f;
+    s->seed = 1;
+    s->reward_timeout_ms = 2000;
+    s->reward_retries = 1;
+}
+
+static int get_int(const cJSON *v, const char *k, long lo, long hi, int *out, char *err) {
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi)
+        return err_set(err, "spec.%s must be an integer in %ld..%ld", k, lo, hi);
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+static int get_float(const cJSON *v, const char *k, double lo, double hi, bool lo_open, float *out, char *err) {
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble > hi ||
+        (lo_open ? v->valuedouble <= lo : v->valuedouble < lo))
+        return err_set(err, "spec.%s must be a number in %s%g, %g]", k, lo_open ? "(" : "[", lo, hi);
+    *out = (float)v->valuedouble;
+    return 0;
+}
+
+static int get_str(const cJSON *v, const char *k, char *out, size_t n, char *err) {
+    if (!cJSON_IsString(v) || !v->valuestring[0] || strlen(v->valuestring) >= n)
+        return err_set(err, "spec.%s must be a non-empty string of at most %zu bytes", k, n - 1);
+    snprintf(out, n, "%s", v->valuestring);
+    return 0;
+}
+
+static int get_targets(const cJSON *v, unsigned *out, char *err) {
+    if (cJSON_IsString(v) && !strcmp(v->valuestring, "all")) {
+        *out = LORA_ALL_TARGETS;
+        return 0;
+    }
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) == 0)
+        return err_set(err, "spec.targets must be \"all\" or a non-empty list of q,k,v,o,gate,up,down");
+    *out = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        int t = cJSON_IsString(it) ? peft_target_parse(it->valuestring) : -1;
+        if (t < 0) return err_set(err, "spec.targets: unknown target %s", cJSON_IsString(it) ? it->valuestring : "(not a string)");
+        *out |= 1u << t;
+    }
+    return 0;
+}
+
+int jobspec_parse(jobspec_t *s, const char *json, char *err) {
+    jobspec_defaults(s);
+    cJSON *root = cJSON_Parse(json ? json : "");
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return err_set(err, "spec must be a JSON object");
+    }
+    int rc = -1;
+    bool have_task = false;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, root) {
+        const char *k = v->string;
+        int e = 0;
+        if (!strcmp(k, "name")) e = get_str(v, k, s->name, sizeof s->name, err);
+        else if (!strcmp(k, "task")) e = get_str(v, k, s->task, sizeof s->task, err), have_task = true;
+        else if (!strcmp(k, "dataset")) {
+            if (!cJSON_IsBool(v)) e = err_set(err, "spec.dataset must be true or false");
+            s->dataset = cJSON_IsTrue(v);
+        } else if (!strcmp(k, "verifier")) {
+            verify_spec_t vs;
+            e = get_str(v, k, s->verifier, sizeof s->verifier, err);
+            if (!e && verify_spec_parse(&vs, s->verifier, err)) {
+                char e2[ERR_LEN];
+                snprintf(e2, sizeof e2, "%s", err);
+                e = err_set(err, "spec.verifier: %s", e2);
+            }
+        } else if (!strcmp(k, "max_steps")) e = get_int(v, k, 1, 100000, &s->max_steps, err);
+        else if (!strcmp(k, "target_accuracy")) e = get_float(v, k, 0, 1, false, &s->target_accuracy, err);
+        else if (!strcmp(k, "group")) e = get_int(v, k, 2, 256, &s->group, err);
+        else if (!strcmp(k, "prompts")) e = get_int(v, k, 1, 1024, &s->prompts, err);
+        else if (!strcmp(k, "max_new")) e = get_int(v, k, 1, 1024, &s->max_new, err);
+        else if (!strcmp(k, "temperature")) e = get_float(v, k, 0, 10, true, &s->temperature, err);
+        else if (!strcmp(k, "top_p")) e = get_float(v, k, 0, 1, true, &s->top_p, err);
+        else if (!strcmp(k, "top_k")) e = get_int(v, k, 0, 1000000, &s->top_k, err);
+        else if (!strcmp(k, "lr")) e = get_float(v, k, 0, 1, true, &s->lr, err);
+        else if (!strcmp(k, "rank")) e = get_int(v, k, 1, 256, &s->rank, err);
+        else if (!strcmp(k, "alpha")) e = get_float(v, k, 0, 1e6, true, &s->alpha, err);
+        else if (!strcmp(k, "targets")) e = get_targets(v, &s->targets, err);
+        else if (!strcmp(k, "kl")) e = get_float(v, k, 0, 100, false, &s->kl, err);
+        else if (!strcmp(k, "clip_low")) e = get_float(v, k, 0, 1, false, &s->clip_low, err);
+        else if (!strcmp(k, "clip_high")) e = get_float(v, k, 0, 10, false, &s->clip_high, err);
+        else if (!strcmp(k, "std_norm")) {
+            if (!cJSON_IsBool(v)) e = err_set(err, "spec.std_norm must be true or false");
+            s->std_norm = cJSON_IsTrue(v);
+        } else if (!strcmp(k, "staleness")) e = get_int(v, k, 0, 64, &s->staleness, err);
+        else if (!strcmp(k, "eval_every")) e = get_int(v, k, 0, 100000, &s->eval_every, err);
+        else if (!strcmp(k, "eval_n")) e = get_int(v, k, 1, 100000, &s->eval_n, err);
+        else if (!strcmp(k, "weight")) e = get_float(v, k, 0, 100, true, &s->weight, err);
+        else if (!strcmp(k, "seed")) {
+            int x;
+            e = get_int(v, k, 0, 2147483647L, &x, err);
+            s->seed = (uint64_t)x;
+        } else if (!strcmp(k, "reward")) {
+            if (!cJSON_IsObject(v)) {
+                e = err_set(err, "spec.reward must be an object {endpoint, timeout_ms, retries, on_failure}");
+            } else {
+                const cJSON *r;
+                cJSON_ArrayForEach(r, v) {
+                    const char *rk = r->string;
+                    if (!strcmp(rk, "endpoint")) {
+                        e = get_str(r, "reward.endpoint", s->reward_endpoint, sizeof s->reward_endpoint, err);
+                        if (!e && strncmp(s->reward_endpoint, "tcp://", 6) && strncmp(s->reward_endpoint, "ipc://", 6))
+                            e = err_set(err, "spec.reward.endpoint must start with tcp:// or ipc://");
+                    } else if (!strcmp(rk, "timeout_ms")) e = get_int(r, "reward.timeout_ms", 10, 600000, &s->reward_timeout_ms, err);
+                    else if (!strcmp(rk, "retries")) e = get_int(r, "reward.retries", 0, 10, &s->reward_retries, err);
+                    else if (!strcmp(rk, "on_failure")) {
+                        if (cJSON_IsString(r) && !strcmp(r->valuestring, "zero")) s->reward_on_failure = REWARD_FAIL_ZERO;
+                        else if (cJSON_IsString(r) && !strcmp(r->valuestring, "fail")) s->reward_on_failure = REWARD_FAIL_JOB;
+                        else e = err_set(err, "spec.reward.on_failure must be \"zero\" or \"fail\"");
+                    } else e = err_set(err, "spec.reward: unknown field '%s'", rk);
+                    if (e) break;
+                }
+            }
+        } else e = err_set(err, "spec: unknown field '%s'", k);
+        if (e) goto done;
+    }
+    if (!have_task) {
+        err_set(err, "spec.task is required (a built-in task, see `marlaas tasks`, or a name for an uploaded dataset)");
+        goto done;
+    }
+    if (!s->dataset && !task_find(s->task)) {
+        err_set(err, "spec.task: unknown task '%s' (see `marlaas tasks`; set \"dataset\": true to upload one)", s->task);
+        goto done;
+    }
+    if (!s->name[0]) snprintf(s->name, sizeof s->name, "%s", s->task);
+    rc = 0;
+done:
+    cJSON_Delete(root);
+    return rc;
+}
+
+char *jobspec_to_json(const jobspec_t *s) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", s->name);
+    cJSON_AddStringToObject(o, "task", s->task);
+    cJSON_AddBoolToObject(o, "dataset", s->dataset);
+    cJSON_AddStringToObject(o, "verifier", s->verifier);
+    cJSON_AddNumberToObject(o, "max_steps", s->max_steps);
+    cJSON_AddNumberToObject(o, "target_accuracy", s->target_accuracy);
+    cJSON_AddNumberToObject(o, "group", s->group);
+    cJSON_AddNumberToObject(o, "prompts", s->prompts);
+    cJSON_AddNumberToObject(o, "max_new", s->max_new);
+    cJSON_AddNumberToObject(o, "temperature", s->temperature);
+    cJSON_AddNumberToObject(o, "top_p", s->top_p);
+    cJSON_AddNumberToObject(o, "top_k", s->top_k);
+    cJSON_AddNumberToObject(o, "lr", s->lr);
+    cJSON_AddNumberToObject(o, "rank", s->rank);
+    cJSON_AddNumberToObject(o, "alpha", s->alpha);
+    cJSON *t = cJSON_AddArrayToObject(o, "targets");
+    for (int i = 0; i < LORA_N_TARGETS; i++)
+        if (s->targets & (1u << i)) cJSON_AddItemToArray(t, cJSON_CreateString(peft_target_name(i)));
+    cJSON_AddNumberToObject(o, "kl", s->kl);
+    cJSON_AddNumberToObject(o, "clip_low", s->clip_low);
+    cJSON_AddNumberToObject(o, "clip_high", s->clip_high);
+    cJSON_AddBoolToObject(o, "std_norm", s->std_norm);
+    cJSON_AddNumberToObject(o, "staleness", s->staleness);
+    cJSON_AddNumberToObject(o, "eval_every", s->eval_every);
+    cJSON_AddNumberToObject(o, "eval_n", s->eval_n);
+    cJSON_AddNumberToObject(o, "weight", s->weight);
+    cJSON_AddNumberToObject(o, "seed", (double)s->seed);
+    if (s->reward_endpoint[0]) {
+        cJSON *r = cJSON_AddObjectToObject(o, "reward");
+        cJSON_AddStringToObject(r, "endpoint", s->reward_endpoint);
+        cJSON_AddNumberToObject(r, "timeout_ms", s->reward_timeout_ms);
+        cJSON_AddNumberToObject(r, "retries", s->reward_retries);
+        cJSON_AddStringToObject(r, "on_failure", s->reward_on_failure == REWARD_FAIL_JOB ? "fail" : "zero");
+    }
+    char *txt = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    char *copy = xstrdup(txt ? txt : "{}");
+    cJSON_free(txt);
+    return copy;
+}

@@ -1,0 +1,53 @@
+// jobspec.h - a job's specification: what to train, how, and when to stop. Submitted as JSON
+// (marlaas submit --spec FILE or flags), stored in Redis as JSON text (readable with
+// redis-cli, and the same text a user submitted). Every field is optional except the task
+// (or an uploaded dataset); the parser names the field and the rule for anything invalid.
+#ifndef MARLAAS_JOBSPEC_H
+#define MARLAAS_JOBSPEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/util/util.h"
+
+typedef enum { REWARD_FAIL_ZERO = 0, REWARD_FAIL_JOB = 1 } reward_failure_t;
+
+typedef struct {
+    char name[64];               // display name
+    char task[64];               // built-in task, or the dataset's name when dataset is true
+    bool dataset;                // the job brings a JSONL dataset (uploaded with the spec)
+    char verifier[32];           // dataset verifier: exact | numeric[:tol] | regex | choice
+    int max_steps;               // optimiser steps, 1..100000 (default 200)
+    float target_accuracy;       // stop when greedy eval accuracy reaches it (0 = off), 0..1
+    int group;                   // samples per prompt G, 2..256 (default 8)
+    int prompts;                 // prompts per optimiser step B, 1..1024 (default 32)
+    int max_new;                 // tokens per completion, 1..1024 (default 24)
+    float temperature;           // (0, 10] (default 1)
+    float top_p;                 // (0, 1] (default 1)
+    int top_k;                   // >= 0 (default 0 = off)
+    float lr;                    // (0, 1] (default 3e-3)
+    int rank;                    // LoRA rank 1..256 (default 8)
+    float alpha;                 // LoRA alpha > 0 (default 16)
+    unsigned targets;            // LoRA targets bit mask (default all seven)
+    float kl;                    // k3 KL coefficient >= 0 (default 0)
+    float clip_low, clip_high;   // ratio clip (default 0.2 / 0.28)
+    bool std_norm;               // divide advantages by the group std (default true)
+    int staleness;               // eta: a group sampled with version g may train version c when c - g <= eta (default 1)
+    int eval_every;              // greedy eval every K steps, 0 = only at the end (default 25)
+    int eval_n;                  // eval examples (default 200)
+    float weight;                // fair-share weight, (0, 100] (default 1)
+    uint64_t seed;               // default 1
+    char reward_endpoint[256];   // external reward service (tcp://host:port), empty = built-in verifier
+    int reward_timeout_ms;       // per request (default 2000)
+    int reward_retries;          // extra tries after a timeout (default 1)
+    reward_failure_t reward_on_failure;   // "zero" (default: reward 0, counted) or "fail" (fail the job)
+} jobspec_t;
+
+void jobspec_defaults(jobspec_t *s);
+// Parses and validates a JSON object (unknown keys are errors: a typo must not be ignored).
+// Built-in tasks are checked against the task registry. Returns 0 or -1 + err.
+int jobspec_parse(jobspec_t *s, const char *json, char *err);
+// JSON text of a spec (caller frees); jobspec_parse(jobspec_to_json(s)) gives s back.
+char *jobspec_to_json(const jobspec_t *s);
+
+#endif

@@ -1,0 +1,432 @@
+// api.c - request handling for the scheduler's client API (see api.h).
+#include "services/scheduler/api.h"
+
+#include <cjson/cJSON.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/engine/lora.h"
+#include "common/net/bus.h"
+#include "common/rl/jobspec.h"
+#include "common/tasks/dataset.h"
+#include "common/util/log.h"
+
+struct api {
+    store_t *st;
+    sched_t *sc;
+    char admin[256];
+    hf_config_t model;
+    char *model_json;
+};
+
+api_t *api_new(store_t *st, sched_t *sc, const char *admin_token, const char *model_dir, char *err) {
+    if (sodium_init() < 0) {
+        err_set(err, "libsodium failed to initialise");
+        return NULL;
+    }
+    api_t *a = xcalloc(1, sizeof *a);
+    a->st = st;
+    a->sc = sc;
+    snprintf(a->admin, sizeof a->admin, "%s", admin_token ? admin_token : "");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    a->model_json = util_read_file(path, NULL, err);
+    if (!a->model_json || hf_config_parse(&a->model, a->model_json, err)) {
+        free(a->model_json);
+        free(a);
+        return NULL;
+    }
+    return a;
+}
+
+void api_destroy(api_t **pa) {
+    if (!pa || !*pa) return;
+    free((*pa)->model_json);
+    free(*pa);
+    *pa = NULL;
+}
+
+// hex of the BLAKE2b hash of a token: tokens are never stored in clear
+static void token_hash(const char *token, char out[65]) {
+    unsigned char h[32];
+    crypto_generichash(h, sizeof h, (const unsigned char *)token, strlen(token), NULL, 0);
+    sodium_bin2hex(out, 65, h, sizeof h);
+}
+
+static bool is_admin(const api_t *a, const char *token) {
+    size_t n = strlen(a->admin);
+    return n > 0 && strlen(token) == n && sodium_memcmp(token, a->admin, n) == 0;
+}
+
+// Tenant id of a token (0), or -1 when the token is unknown.
+static int tenant_of(api_t *a, const char *token, char tenant[PROTO_MAX_ID], char *err) {
+    char key[256], hash[65], *t = NULL;
+    if (!token || !*token) return err_set(err, "missing token");
+    token_hash(token, hash);
+    store_key(a->st, key, sizeof key, "tokens");
+    int rc = store_hget(a->st, key, hash, &t, NULL, err);
+    if (rc == 1) return err_set(err, "invalid token");
+    if (rc < 0) return -1;
+    snprintf(tenant, PROTO_MAX_ID, "%s", t);
+    free(t);
+    return 0;
+}
+
+// The job's hash if the caller may see it (its tenant, or admin). -1 + "no such job".
+static int job_get(api_t *a, const char *job, const char *tenant, bool admin, store_kv_t **kv, int *n, char *err) {
+    char key[256];
+    if (!job || !*job || strlen(job) >= PROTO_MAX_ID) return err_set(err, "no such job");
+    store_key(a->st, key, sizeof key, "job:%s", job);
+    int rc = store_hgetall(a->st, key, kv, n, err);
+    if (rc) return rc == 1 ? err_set(err, "no such job: %s", job) : -1;
+    bool mine = admin;
+    for (int i = 0; i < *n; i++)
+        if (!strcmp((*kv)[i].field, "tenant") && !strcmp((*kv)[i].value, tenant)) mine = true;
+    if (!mine) {
+        store_kv_free(kv, *n);
+        return err_set(err, "no such job: %s", job);
+    }
+    return 0;
+}
+
+static const char *kv_get(store_kv_t *kv, int n, const char *f) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(kv[i].field, f)) return kv[i].value;
+    return NULL;
+}
+
+static cJSON *job_json(store_kv_t *kv, int n, const char *id, bool with_spec) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    for (int i = 0; i < n; i++) {
+        const char *f = kv[i].field, *v = kv[i].value;
+        if (!strcmp(f, "spec")) {
+            cJSON *sp = cJSON_Parse(v);
+            if (with_spec && sp) cJSON_AddItemToObject(o, "spec", sp);
+            else {
+                const cJSON *nm = cJSON_GetObjectItem(sp, "name"), *tk = cJSON_GetObjectItem(sp, "task"),
+                            *ms = cJSON_GetObjectItem(sp, "max_steps");
+                if (cJSON_IsString(nm)) cJSON_AddStringToObject(o, "name", nm->valuestring);
+                if (cJSON_IsString(tk)) cJSON_AddStringToObject(o, "task", tk->valuestring);
+                if (cJSON_IsNumber(ms)) cJSON_AddNumberToObject(o, "max_steps", ms->valuedouble);
+                cJSON_Delete(sp);
+            }
+        } else if (!strcmp(f, "status") || !strcmp(f, "tenant") || !strcmp(f, "error")) {
+            cJSON_AddStringToObject(o, f, v);
+        } else {
+            char *end;
+            double d = strtod(v, &end);
+            if (*v && !*end) cJSON_AddNumberToObject(o, f, d);
+            else cJSON_AddStringToObject(o, f, v);
+        }
+    }
+    return o;
+}
+
+static void result_json(proto_args_t *res, const char *key, cJSON *o) {
+    char *s = cJSON_PrintUnformatted(o);
+    proto_args_str(res, key, s ? s : "null");
+    cJSON_free(s);
+    cJSON_Delete(o);
+}
+
+// --- operations ----------------------------------------------------------------------------------
+
+static int op_tenant_create(api_t *a, const proto_req_t *q, proto_args_t *res, char *err) {
+    if (!is_admin(a, q->token)) return err_set(err, "tenant_create needs the admin token");
+    const char *name = proto_args_get_str(&q->args, "name");
+    if (!name || !*name || strlen(name) > 63) return err_set(err, "tenant_create: name (1..63 bytes) required");
+    int64_t quota = 16;
+    if (proto_args_get(&q->args, "quota") && (!proto_args_get_int(&q->args, "quota", &quota) || quota < 1 || quota > 10000))
+        return err_set(err, "tenant_create: quota must be an integer in 1..10000");
+    char key[256], id[PROTO_MAX_ID], token[64], hash[65], qs[32], now[32];
+    int64_t seq;
+    store_key(a->st, key, sizeof key, "tenants:seq");
+    if (store_incr(a->st, key, &seq, err)) return -1;
+    snprintf(id, sizeof id, "t-%lld", (long long)seq);
+    unsigned char rnd[24];
+    randombytes_buf(rnd, sizeof rnd);
+    memcpy(token, "mt_", 3);
+    sodium_bin2hex(token + 3, sizeof token - 3, rnd, sizeof rnd);
+    token_hash(token, hash);
+    snprintf(qs, sizeof qs, "%lld", (long long)quota);
+    snprintf(now, sizeof now, "%ld", (long)time(NULL));
+    store_key(a->st, key, sizeof key, "tenant:%s", id);
+    const char *f[4] = {"name", "token_hash", "quota", "created"}, *v[4] = {name, hash, qs, now};
+    if (store_hset(a->st, key, 4, f, v, err)) return -1;
+    store_key(a->st, key, sizeof key, "tokens");
+    const char *tf[1] = {hash}, *tv[1] = {id};
+    if (store_hset(a->st, key, 1, tf, tv, err)) return -1;
+    store_key(a->st, key, sizeof key, "tenants");
+    const char *m[1] = {id};
+    if (store_sadd(a->st, key, 1, m, NULL, err)) return -1;
+    proto_args_str(res, "tenant", id);
+    proto_args_str(res, "token", token);
+    log_info("tenant %s (%s) created, quota %lld jobs", id, name, (long long)quota);
+    return 0;
+}
+
+static int count_active(api_t *a, const char *tenant, char *err) {
+    char key[256], **ids = NULL;
+    int n = 0, active = 0;
+    store_key(a->st, key, sizeof key, "jobs:%s", tenant);
+    if (store_smembers(a->st, key, &ids, &n, err)) return -1;
+    for (int i = 0; i < n; i++) {
+        char *st = NULL;
+        store_key(a->st, key, sizeof key, "job:%s", ids[i]);
+        if (store_hget(a->st, key, "status", &st, NULL, err) == 0)
+            active += !strcmp(st, "queued") || !strcmp(st, "running");
+        free(st);
+    }
+    store_strv_free(&ids, n);
+    return active;
+}
+
+static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, proto_args_t *res, char *err) {
+    const char *spec_txt = proto_args_get_str(&q->args, "spec");
+    if (!spec_txt) return err_set(err, "job_submit: spec (JSON) required");
+    jobspec_t spec;
+    if (jobspec_parse(&spec, spec_txt, err)) return -1;
+    const proto_val_t *dv = proto_args_get(&q->args, "dataset");
+    const char *data = dv && (dv->kind == PROTO_VAL_STR || dv->kind == PROTO_VAL_BIN) ? dv->s : NULL;
+    size_t data_len = data ? dv->len : 0;
+    if (spec.dataset && !data) return err_set(err, "job_submit: spec.dataset is true but no dataset was uploaded");
+    if (!spec.dataset && data) return err_set(err, "job_submit: a dataset was uploaded but spec.dataset is not true");
+    if (data) {
+        verify_spec_t vs;
+        if (verify_spec_parse(&vs, spec.verifier, err)) return -1;
+        dataset_t *ds = dataset_parse(spec.task, data, data_len, &vs, err);
+        if (!ds) return -1;
+        dataset_destroy(&ds);
+    }
+    char key[256], quota_s[32] = "16";
+    char *qv = NULL;
+    store_key(a->st, key, sizeof key, "tenant:%s", tenant);
+    if (store_hget(a->st, key, "quota", &qv, NULL, err) == 0) snprintf(quota_s, sizeof quota_s, "%s", qv);
+    free(qv);
+    int active = count_active(a, tenant, err);
+    if (active < 0) return -1;
+    if (active >= atoi(quota_s)) return err_set(err, "quota reached: %d jobs queued or running (quota %s)", active, quota_s);
+    // the job's starting adapter (version 0): B = 0, so it starts as the base model
+    peft_config_t pc = {.r = spec.rank, .alpha = spec.alpha, .targets = spec.targets};
+    lora_t *ad = lora_new(&a->model, &pc, kernels_cpu(), spec.seed, err);
+    if (!ad) return -1;
+    uint8_t *blob = NULL;
+    size_t blen = 0;
+    int rc = lora_serialize(ad, &blob, &blen, err);
+    lora_destroy(&ad);
+    if (rc) return -1;
+    int64_t seq;
+    char id[PROTO_MAX_ID], now[32];
+    store_key(a->st, key, sizeof key, "jobs:seq");
+    if (store_incr(a->st, key, &seq, err)) goto fail;
+    snprintf(id, sizeof id, "j-%lld", (long long)seq);
+    store_key(a->st, key, sizeof key, "adapter:%s:0", id);
+    if (store_set(a->st, key, blob, blen, err)) goto fail;
+    if (data) {
+        // one list entry per non-blank line (validated above)
+        store_key(a->st, key, sizeof key, "job:%s:data", id);
+        const char *p = data, *end = data + data_len;
+        while (p < end) {
+            const char *nl = memchr(p, '\n', (size_t)(end - p));
+            size_t len = (size_t)((nl ? nl : end) - p);
+            size_t t = len;
+            while (t && (p[t - 1] == '\r' || p[t - 1] == ' ' || p[t - 1] == '\t')) t--;
+            if (t) {
+                const void *item[1] = {p};
+                size_t il[1] = {t};
+                if (store_rpush(a->st, key, 1, item, il, NULL, err)) goto fail;
+            }
+            p = nl ? nl + 1 : end;
+        }
+    }
+    char *canon = jobspec_to_json(&spec);
+    snprintf(now, sizeof now, "%ld", (long)time(NULL));
+    store_key(a->st, key, sizeof key, "job:%s", id);
+    const char *f[8] = {"tenant", "spec", "status", "step", "adapter_version", "created", "updated", "issued"};
+    const char *v[8] = {tenant, canon, "queued", "0", "0", now, now, "0"};
+    rc = store_hset(a->st, key, 8, f, v, err);
+    free(canon);
+    if (rc) goto fail;
+    const char *m[1] = {id};
+    store_key(a->st, key, sizeof key, "jobs");
+    if (store_sadd(a->st, key, 1, m, NULL, err)) goto fail;
+    store_key(a->st, key, sizeof key, "jobs:%s", tenant);
+    if (store_sadd(a->st, key, 1, m, NULL, err)) goto fail;
+    free(blob);
+    if (sched_add_job(a->sc, id, err)) return -1;
+    proto_args_str(res, "job", id);
+    logj_info(id, "submitted by tenant %s: task %s, %d steps", tenant, spec.task, spec.max_steps);
+    return 0;
+fail:
+    free(blob);
+    return -1;
+}
+
+static int op_job_list(api_t *a, const char *tenant, bool admin, proto_args_t *res, char *err) {
+    char key[256], **ids = NULL;
+    int n = 0;
+    if (admin) store_key(a->st, key, sizeof key, "jobs");
+    else store_key(a->st, key, sizeof key, "jobs:%s", tenant);
+    if (store_smembers(a->st, key, &ids, &n, err)) return -1;
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) {
+        store_kv_t *kv = NULL;
+        int nk = 0;
+        if (job_get(a, ids[i], tenant, admin, &kv, &nk, err) == 0) {
+            cJSON_AddItemToArray(arr, job_json(kv, nk, ids[i], false));
+            store_kv_free(&kv, nk);
+        }
+    }
+    store_strv_free(&ids, n);
+    result_json(res, "jobs", arr);
+    return 0;
+}
+
+static int op_job_status(api_t *a, const char *tenant, bool admin, const proto_req_t *q, proto_args_t *res, char *err) {
+    const char *job = proto_args_get_str(&q->args, "job");
+    store_kv_t *kv = NULL;
+    int n = 0;
+    if (job_get(a, job, tenant, admin, &kv, &n, err)) return -1;
+    result_json(res, "status", job_json(kv, n, job, true));
+    store_kv_free(&kv, n);
+    return 0;
+}
+
+static int op_job_cancel(api_t *a, const char *tenant, bool admin, const proto_req_t *q, proto_args_t *res, char *err) {
+    const char *job = proto_args_get_str(&q->args, "job");
+    store_kv_t *kv = NULL;
+    int n = 0;
+    if (job_get(a, job, tenant, admin, &kv, &n, err)) return -1;
+    const char *st = kv_get(kv, n, "status");
+    char status[32];
+    snprintf(status, sizeof status, "%s", st ? st : "");
+    store_kv_free(&kv, n);
+    if (!strcmp(status, "queued") || !strcmp(status, "running")) {
+        char key[256], now[32];
+        snprintf(now, sizeof now, "%ld", (long)time(NULL));
+        store_key(a->st, key, sizeof key, "job:%s", job);
+        const char *f[2] = {"status", "updated"}, *v[2] = {"cancelled", now};
+        if (store_hset(a->st, key, 2, f, v, err)) return -1;
+        sched_cancel(a->sc, job);
+        snprintf(status, sizeof status, "cancelled");
+        logj_info(job, "cancelled by tenant %s", tenant);
+    }
+    proto_args_str(res, "status", status);
+    return 0;
+}
+
+static int op_job_metrics(api_t *a, const char *tenant, bool admin, const proto_req_t *q, proto_args_t *res, char *err) {
+    const char *job = proto_args_get_str(&q->args, "job");
+    store_kv_t *kv = NULL;
+    int n = 0;
+    if (job_get(a, job, tenant, admin, &kv, &n, err)) return -1;
+    store_kv_free(&kv, n);
+    int64_t count = 1000;
+    proto_args_get_int(&q->args, "count", &count);
+    char key[256];
+    store_entry_t *e = NULL;
+    int ne = 0;
+    store_key(a->st, key, sizeof key, "metrics:%s", job);
+    if (store_xrange(a->st, key, "-", 0, &e, &ne, err)) return -1;
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = ne > count ? ne - (int)count : 0; i < ne; i++) {
+        cJSON *o = cJSON_CreateObject();
+        for (int k = 0; k < e[i].n; k++) cJSON_AddNumberToObject(o, e[i].kv[k].field, strtod(e[i].kv[k].value, NULL));
+        cJSON_AddItemToArray(arr, o);
+    }
+    store_entries_free(&e, ne);
+    result_json(res, "metrics", arr);
+    return 0;
+}
+
+static int op_adapter_get(api_t *a, const char *tenant, bool admin, const proto_req_t *q, proto_args_t *res, char *err) {
+    const char *job = proto_args_get_str(&q->args, "job");
+    store_kv_t *kv = NULL;
+    int n = 0;
+    if (job_get(a, job, tenant, admin, &kv, &n, err)) return -1;
+    const char *cur = kv_get(kv, n, "adapter_version");
+    int64_t ver = cur ? atoll(cur) : 0;
+    store_kv_free(&kv, n);
+    if (proto_args_get(&q->args, "version") && (!proto_args_get_int(&q->args, "version", &ver) || ver < 0))
+        return err_set(err, "adapter_get: version must be a non-negative integer");
+    char key[256];
+    uint8_t *blob = NULL;
+    size_t len = 0;
+    store_key(a->st, key, sizeof key, "adapter:%s:%lld", job, (long long)ver);
+    int rc = store_get(a->st, key, &blob, &len, err);
+    if (rc == 1) return err_set(err, "adapter version %lld of %s is not kept (only the latest few are)", (long long)ver, job);
+    if (rc < 0) return -1;
+    proto_args_int(res, "version", ver);
+    proto_args_bin(res, "blob", blob, len);
+    proto_args_str(res, "model_config", a->model_json);
+    free(blob);
+    return 0;
+}
+
+static void handle(api_t *a, const proto_req_t *q, proto_rep_t *rep) {
+    char err[ERR_LEN] = "", tenant[PROTO_MAX_ID] = "";
+    bool admin = is_admin(a, q->token);
+    int rc;
+    if (!strcmp(q->op, "tenant_create")) {
+        rc = op_tenant_create(a, q, &rep->result, err);
+    } else if (!admin && tenant_of(a, q->token, tenant, err)) {
+        rc = -1;
+    } else if (!strcmp(q->op, "ping")) {
+        proto_args_int(&rep->result, "time", (int64_t)time(NULL));
+        rc = 0;
+    } else if (!strcmp(q->op, "job_submit")) {
+        rc = admin ? err_set(err, "job_submit needs a tenant token (the admin token only manages tenants)")
+                   : op_job_submit(a, tenant, q, &rep->result, err);
+    } else if (!strcmp(q->op, "job_list")) rc = op_job_list(a, tenant, admin, &rep->result, err);
+    else if (!strcmp(q->op, "job_status")) rc = op_job_status(a, tenant, admin, q, &rep->result, err);
+    else if (!strcmp(q->op, "job_cancel")) rc = op_job_cancel(a, tenant, admin, q, &rep->result, err);
+    else if (!strcmp(q->op, "job_metrics")) rc = op_job_metrics(a, tenant, admin, q, &rep->result, err);
+    else if (!strcmp(q->op, "adapter_get")) rc = op_adapter_get(a, tenant, admin, q, &rep->result, err);
+    else rc = err_set(err, "unknown operation '%s'", q->op);
+    rep->ok = rc == 0;
+    if (!rep->ok) {
+        rep->error = xstrdup(err[0] ? err : "failed");
+        proto_args_free(&rep->result);
+    }
+}
+
+void api_serve(api_t *a, zsock_t *router) {
+    for (int k = 0; k < 64; k++) {
+        zmsg_t *m = zmsg_recv_nowait(router);
+        if (!m) return;
+        size_t nf = zmsg_size(m);
+        zframe_t *id = zmsg_first(m), *f2 = zmsg_next(m), *payload = f2;
+        bool delim = false;
+        if (nf == 3 && f2 && zframe_size(f2) == 0) {
+            delim = true;
+            payload = zmsg_next(m);
+        } else if (nf != 2) {
+            log_warn("api: dropped a request of %zu frames (expected [identity][payload] or [identity][][payload])", nf);
+            zmsg_destroy(&m);
+            continue;
+        }
+        proto_req_t q;
+        proto_rep_t rep = {0};
+        char err[ERR_LEN];
+        if (proto_req_decode(zframe_data(payload), zframe_size(payload), &q, err)) {
+            rep.ok = false;
+            char msg[ERR_LEN + 32];
+            snprintf(msg, sizeof msg, "malformed request: %s", err);
+            rep.error = xstrdup(msg);
+            log_warn("api: %s", msg);
+        } else {
+            rep.id = q.id;
+            handle(a, &q, &rep);
+            proto_req_free(&q);
+        }
+        proto_buf_t buf = {0};
+        if (proto_rep_encode(&rep, &buf) == 0) bus_send_routed(router, id, delim, &buf);
+        proto_buf_free(&buf);
+        proto_rep_free(&rep);
+        zmsg_destroy(&m);
+    }
+}

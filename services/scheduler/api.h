@@ -1,0 +1,33 @@
+// api.h - the scheduler's client API over a ROUTER socket: tenants, jobs, metrics, adapters.
+//
+// Requests are "req" messages (proto.h) with an op, a token and arguments; every reply is a
+// "rep" with ok / error and results. Tokens: the admin token (--admin-token) may create
+// tenants; a tenant token (returned once by tenant_create, stored only as a hash) may submit
+// and manage that tenant's jobs. A tenant never sees another tenant's jobs: an unknown job and
+// someone else's job get the same "no such job" answer.
+//
+// Operations (arguments -> results):
+//   tenant_create  name, [quota]                    -> tenant, token          (admin)
+//   job_submit     spec (JSON), [dataset] (JSONL)   -> job
+//   job_list                                        -> jobs (JSON array)
+//   job_status     job                              -> status (JSON object)
+//   job_cancel     job                              -> status
+//   job_metrics    job, [count]                     -> metrics (JSON array, oldest first)
+//   adapter_get    job, [version]                   -> version, blob (PEFT safetensors), model_config (JSON)
+//   ping                                            -> time                   (any valid token)
+#ifndef MARLAAS_API_H
+#define MARLAAS_API_H
+
+#include <czmq.h>
+
+#include "common/net/store.h"
+#include "services/scheduler/sched.h"
+
+typedef struct api api_t;
+
+api_t *api_new(store_t *st, sched_t *sc, const char *admin_token, const char *model_dir, char *err);
+void api_destroy(api_t **a);
+// Reads and answers every request waiting on the ROUTER socket.
+void api_serve(api_t *a, zsock_t *router);
+
+#endif

@@ -1,0 +1,108 @@
+// main.c - marlaas-scheduler: the API, the job table and the issuing of rollout work.
+// Wiring only; the logic lives in api.c and sched.c.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/net/bus.h"
+#include "common/net/svc.h"
+#include "common/util/log.h"
+#include "services/scheduler/api.h"
+#include "services/scheduler/sched.h"
+
+static const char *HELP =
+    "Schedules jobs. Binds --api (ROUTER), the port of --work (PUSH, rollout tasks), --events (PUB)\n"
+    "and --reports (PULL). --policy async (all jobs at once) or sync (one job, one stage at a time).\n"
+    "extras: --set lease_s=60 --set train_lease_s=60 --set chunk=8";
+
+int main(int argc, char **argv) {
+    svc_t s;
+    int rc = svc_init(&s, "scheduler", argc, argv, HELP);
+    if (rc) return rc > 0 ? 0 : 2;
+    const char *pol = svc_get(&s, SVC_POLICY);
+    if (strcmp(pol, "async") && strcmp(pol, "sync")) {
+        log_error("--policy must be async or sync, got '%s'", pol);
+        return 2;
+    }
+    if (!svc_get(&s, SVC_ADMIN_TOKEN) || strlen(svc_get(&s, SVC_ADMIN_TOKEN)) < 8)
+        log_warn("no admin token of 8+ characters (--admin-token / MARLAAS_ADMIN_TOKEN): tenants cannot be created");
+    char err[ERR_LEN], ep[256], path[4096];
+    store_t *st = svc_store(&s, err);
+    if (!st) {
+        log_error("%s", err);
+        return 1;
+    }
+    hf_config_t mc;
+    snprintf(path, sizeof path, "%s/config.json", svc_get(&s, SVC_MODEL));
+    if (hf_config_load(&mc, path, err)) {
+        log_error("cannot read the base model's config: %s (set --model or MARLAAS_MODEL)", err);
+        store_destroy(&st);
+        return 1;
+    }
+    zsock_t *api_sock = NULL, *work = NULL, *events = NULL, *reports = NULL;
+    sched_t *sc = NULL;
+    api_t *api = NULL;
+    api_sock = bus_bind(ZMQ_ROUTER, svc_get(&s, SVC_API), BUS_DEFAULT_HWM, 64u << 20, err);
+    svc_bind_endpoint(&s, SVC_WORK, ep, sizeof ep);
+    if (api_sock) work = bus_bind(ZMQ_PUSH, ep, 8, 0, err);
+    svc_bind_endpoint(&s, SVC_EVENTS, ep, sizeof ep);
+    if (work) events = bus_bind(ZMQ_PUB, ep, BUS_DEFAULT_HWM, 0, err);
+    svc_bind_endpoint(&s, SVC_REPORTS, ep, sizeof ep);
+    if (events) reports = bus_bind(ZMQ_PULL, ep, 10000, 1 << 20, err);
+    sched_cfg_t cfg = {.policy = strcmp(pol, "sync") ? POLICY_ASYNC : POLICY_SYNC,
+                       .lease_s = atof(svc_extra(&s, "lease_s", "60")),
+                       .train_lease_s = atof(svc_extra(&s, "train_lease_s", "60")),
+                       .chunk = atoi(svc_extra(&s, "chunk", "8"))};
+    if (reports) sc = sched_new(st, work, &mc, &cfg, err);
+    if (sc) api = api_new(st, sc, svc_get(&s, SVC_ADMIN_TOKEN), svc_get(&s, SVC_MODEL), err);
+    if (!api) {
+        log_error("%s", err);
+        rc = 1;
+        goto done;
+    }
+    int restored = sched_restore(sc, err);
+    if (restored < 0) log_warn("jobs not restored: %s", err);
+    log_info("ready: policy %s, %d jobs restored, id %s", pol, restored < 0 ? 0 : restored, s.id);
+    zpoller_t *poller = zpoller_new(api_sock, reports, NULL);
+    double last_beat = 0;
+    uint64_t reports_in = 0, rejected = 0;
+    while (!svc_stopping()) {
+        zpoller_wait(poller, 5);
+        api_serve(api, api_sock);
+        for (int i = 0; i < 1024; i++) {
+            zframe_t *f = zframe_recv_nowait(reports);
+            if (!f) break;
+            proto_report_t r;
+            if (proto_report_decode(zframe_data(f), zframe_size(f), &r, err)) {
+                rejected++;
+                log_warn("dropped a malformed report (%s)", err);
+            } else {
+                reports_in++;
+                sched_report(sc, &r);
+                proto_report_free(&r);
+            }
+            zframe_destroy(&f);
+        }
+        sched_tick(sc);
+        if (util_now() - last_beat > 2.0) {
+            last_beat = util_now();
+            char v[3][32];
+            snprintf(v[0], 32, "%d", sched_active(sc));
+            snprintf(v[1], 32, "%llu", (unsigned long long)reports_in);
+            snprintf(v[2], 32, "%llu", (unsigned long long)rejected);
+            const char *f[3] = {"active_jobs", "reports", "rejected"}, *vv[3] = {v[0], v[1], v[2]};
+            svc_heartbeat(&s, st, 10, 3, f, vv);
+        }
+    }
+    log_info("stopping: %llu reports, %llu rejected", (unsigned long long)reports_in, (unsigned long long)rejected);
+    zpoller_destroy(&poller);
+done:
+    api_destroy(&api);
+    sched_destroy(&sc);
+    zsock_destroy(&reports);
+    zsock_destroy(&events);
+    zsock_destroy(&work);
+    zsock_destroy(&api_sock);
+    store_destroy(&st);
+    return rc;
+}

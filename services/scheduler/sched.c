@@ -1,0 +1,520 @@
+// sched.c - job table, fair-share issuing with a staleness bound, leases, evals, completion.
+//
+// Accounting per job, in groups (one prompt with its G samples):
+//   issued -> (rollout, verifier) -> at_trainer -> consumed or dropped by the trainer.
+// A rollout task holds a lease until the verifier reports its episodes; an expired lease
+// issues the same prompts again under a new task id (a late original still trains: data, not
+// a step, so no step is ever applied twice). Groups at the trainer count as lost when the
+// trainer reports no step for train_lease_s although a batch is waiting (trainer restart).
+// The async policy keeps at most (staleness + 1) * B groups of a job in flight, so a group
+// sampled with version g reaches the trainer while the job is at most at g + staleness; sync
+// runs one job at a time and one step at a time (B groups, train, publish, next).
+#include "services/scheduler/sched.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/engine/lora.h"
+#include "common/net/bus.h"
+#include "common/rl/rl.h"
+#include "common/util/log.h"
+
+typedef enum { JS_QUEUED, JS_RUNNING, JS_DONE, JS_FAILED, JS_CANCELLED } jstate_t;
+static const char *state_name[] = {"queued", "running", "done", "failed", "cancelled"};
+
+typedef struct {
+    uint64_t id;
+    char job[PROTO_MAX_ID];
+    proto_kind_t kind;
+    uint32_t n;
+    uint64_t *index;       // (n) example indices
+    uint32_t version;
+    double deadline;
+    int eval_round;        // eval tasks: the round they belong to
+} stask_t;
+
+typedef struct {
+    char id[PROTO_MAX_ID];
+    jobspec_t spec;
+    jstate_t state;
+    uint32_t step, version;
+    uint64_t next_index;   // next train example index
+    int at_trainer;        // groups verified and not yet consumed / dropped
+    int in_rollout;        // groups in tasks holding a lease
+    double last_step_time;
+    double vtime;          // fair-share virtual time: groups issued / weight
+    uint64_t episodes, correct_train;
+    double reward_sum;
+    uint64_t reward_errors, task_failures;
+    // eval round in progress
+    int eval_round;        // 0 = none
+    uint32_t eval_step, eval_version;
+    int eval_pending;      // tasks of the round not yet reported
+    uint64_t eval_correct, eval_n;
+    uint32_t last_eval_step;
+    bool evaluated_final;
+    double best_acc;
+    bool sync_waiting;     // sync policy: a step's worth issued, waiting for the trainer
+} sjob_t;
+
+struct sched {
+    store_t *st;
+    zsock_t *work;
+    hf_config_t model;
+    sched_cfg_t cfg;
+    sjob_t **jobs;
+    int n_jobs, cap_jobs;
+    stask_t *tasks;
+    int n_tasks, cap_tasks;
+    uint64_t next_task;
+    int next_round;
+};
+
+static sjob_t *find(sched_t *s, const char *id) {
+    for (int i = 0; i < s->n_jobs; i++)
+        if (!strcmp(s->jobs[i]->id, id)) return s->jobs[i];
+    return NULL;
+}
+
+static void hset(sched_t *s, const char *job, int n, const char **f, const char **v) {
+    char key[256], err[ERR_LEN];
+    store_key(s->st, key, sizeof key, "job:%s", job);
+    if (store_hset(s->st, key, n, f, v, err)) logj_warn(job, "job state not saved: %s", err);
+}
+
+static void set_state(sched_t *s, sjob_t *j, jstate_t st, const char *error) {
+    j->state = st;
+    char now[32];
+    snprintf(now, sizeof now, "%ld", (long)time(NULL));
+    const char *f[3] = {"status", "updated", "error"}, *v[3] = {state_name[st], now, error ? error : ""};
+    hset(s, j->id, error ? 3 : 2, f, v);
+    logj_info(j->id, "status %s%s%s", state_name[st], error ? ": " : "", error ? error : "");
+}
+
+sched_t *sched_new(store_t *st, zsock_t *work, const hf_config_t *model, const sched_cfg_t *cfg, char *err) {
+    if (!st || !work || !model) {
+        err_set(err, "sched_new: store, work socket and model config required");
+        return NULL;
+    }
+    sched_t *s = xcalloc(1, sizeof *s);
+    s->st = st;
+    s->work = work;
+    s->model = *model;
+    s->cfg = *cfg;
+    if (s->cfg.chunk < 1) s->cfg.chunk = 8;
+    if (s->cfg.lease_s <= 0) s->cfg.lease_s = 60;
+    if (s->cfg.train_lease_s <= 0) s->cfg.train_lease_s = 60;
+    s->next_task = ((uint64_t)time(NULL) << 20);   // unique across scheduler restarts
+    return s;
+}
+
+static void task_remove(sched_t *s, int i) {
+    free(s->tasks[i].index);
+    s->tasks[i] = s->tasks[--s->n_tasks];
+}
+
+void sched_destroy(sched_t **ps) {
+    if (!ps || !*ps) return;
+    sched_t *s = *ps;
+    while (s->n_tasks) task_remove(s, 0);
+    for (int i = 0; i < s->n_jobs; i++) free(s->jobs[i]);
+    free(s->jobs);
+    free(s->tasks);
+    free(s);
+    *ps = NULL;
+}
+
+static sjob_t *load_job(sched_t *s, const char *id, char *err) {
+    char key[256];
+    store_kv_t *kv = NULL;
+    int n = 0;
+    store_key(s->st, key, sizeof key, "job:%s", id);
+    int rc = store_hgetall(s->st, key, &kv, &n, err);
+    if (rc) {
+        if (rc == 1) err_set(err, "job %s not found", id);
+        return NULL;
+    }
+    sjob_t *j = xcalloc(1, sizeof *j);
+    snprintf(j->id, sizeof j->id, "%s", id);
+    bool have_spec = false;
+    for (int i = 0; i < n; i++) {
+        const char *f = kv[i].field, *v = kv[i].value;
+        if (!strcmp(f, "spec")) have_spec = jobspec_parse(&j->spec, v, err) == 0;
+        else if (!strcmp(f, "status")) {
+            for (int k = 0; k < 5; k++)
+                if (!strcmp(v, state_name[k])) j->state = (jstate_t)k;
+        } else if (!strcmp(f, "step")) j->step = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(f, "adapter_version")) j->version = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(f, "issued")) j->next_index = strtoull(v, NULL, 10);
+        else if (!strcmp(f, "eval_step")) j->last_eval_step = (uint32_t)strtoul(v, NULL, 10), j->evaluated_final = false;
+    }
+    store_kv_free(&kv, n);
+    if (!have_spec) {
+        if (!err[0]) err_set(err, "job %s has no valid spec", id);
+        free(j);
+        return NULL;
+    }
+    j->last_step_time = util_now();
+    j->last_eval_step = j->step > 0 ? j->last_eval_step : 0;
+    return j;
+}
+
+static void add(sched_t *s, sjob_t *j) {
+    if (s->n_jobs == s->cap_jobs) {
+        s->cap_jobs = s->cap_jobs ? 2 * s->cap_jobs : 32;
+        s->jobs = xrealloc(s->jobs, sizeof(sjob_t *) * (size_t)s->cap_jobs);
+    }
+    // a new job starts at the smallest virtual time of the running ones: no burst of catch-up
+    double vmin = 0;
+    bool any = false;
+    for (int i = 0; i < s->n_jobs; i++)
+        if (s->jobs[i]->state == JS_RUNNING && (!any || s->jobs[i]->vtime < vmin)) vmin = s->jobs[i]->vtime, any = true;
+    j->vtime = vmin;
+    s->jobs[s->n_jobs++] = j;
+}
+
+int sched_restore(sched_t *s, char *err) {
+    char key[256], **ids = NULL;
+    int n = 0, loaded = 0;
+    store_key(s->st, key, sizeof key, "jobs");
+    if (store_smembers(s->st, key, &ids, &n, err)) return -1;
+    for (int i = 0; i < n; i++) {
+        if (find(s, ids[i])) continue;
+        char e2[ERR_LEN] = "";
+        sjob_t *j = load_job(s, ids[i], e2);
+        if (!j) {
+            log_warn("job %s not restored: %s", ids[i], e2);
+            continue;
+        }
+        if (j->state != JS_QUEUED && j->state != JS_RUNNING) {
+            free(j);
+            continue;
+        }
+        add(s, j);
+        loaded++;
+        logj_info(j->id, "restored: status %s, step %u, version %u", state_name[j->state], j->step, j->version);
+    }
+    store_strv_free(&ids, n);
+    return loaded;
+}
+
+int sched_add_job(sched_t *s, const char *id, char *err) {
+    sjob_t *j = load_job(s, id, err);
+    if (!j) return -1;
+    add(s, j);
+    return 0;
+}
+
+static void drop_tasks(sched_t *s, const char *job) {
+    for (int i = 0; i < s->n_tasks;)
+        if (!strcmp(s->tasks[i].job, job)) task_remove(s, i);
+        else i++;
+}
+
+void sched_cancel(sched_t *s, const char *id) {
+    sjob_t *j = find(s, id);
+    if (!j) return;
+    if (j->state == JS_QUEUED || j->state == JS_RUNNING) j->state = JS_CANCELLED;
+    drop_tasks(s, id);
+}
+
+int sched_active(const sched_t *s) {
+    int n = 0;
+    for (int i = 0; i < s->n_jobs; i++) n += s->jobs[i]->state == JS_QUEUED || s->jobs[i]->state == JS_RUNNING;
+    return n;
+}
+
+// --- issuing -----------------------------------------------------------------------------------
+
+// Sends one rollout task; returns 0, or -1 when the rollout queue is full (try later).
+static int issue(sched_t *s, sjob_t *j, proto_kind_t kind, const uint64_t *index, uint32_t n, int round) {
+    char err[ERR_LEN];
+    rl_source_t src = {0};
+    proto_item_t *items = xcalloc(n, sizeof *items);
+    task_example_t ex = {0};
+    // prompts are rebuilt from (task, split, index); datasets come from Redis once per job
+    if (!j->spec.dataset) {
+        src.task = task_find(j->spec.task);
+    } else {
+        char key[256];
+        store_buf_t *lines = NULL;
+        int nl = 0;
+        store_key(s->st, key, sizeof key, "job:%s:data", j->id);
+        if (store_lrange(s->st, key, 0, -1, &lines, &nl, err) == 0) {
+            size_t total = 0;
+            for (int i = 0; i < nl; i++) total += lines[i].len + 1;
+            char *buf = xmalloc(total + 1), *p = buf;
+            for (int i = 0; i < nl; i++) memcpy(p, lines[i].data, lines[i].len), p += lines[i].len, *p++ = '\n';
+            verify_spec_t vs;
+            if (verify_spec_parse(&vs, j->spec.verifier, err) == 0) src.ds = dataset_parse(j->spec.task, buf, (size_t)(p - buf), &vs, err);
+            free(buf);
+            store_bufv_free(&lines, nl);
+        }
+    }
+    int rc = -1;
+    if (!src.task && !src.ds) {
+        set_state(s, j, JS_FAILED, err[0] ? err : "task source unavailable");
+        goto done;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        rl_source_example(&src, kind == PROTO_KIND_EVAL ? TASK_EVAL : TASK_TRAIN, index[i], &ex);
+        items[i] = (proto_item_t){.index = index[i], .prompt = ex.prompt};
+        ex.prompt = NULL;
+        task_example_free(&ex);
+    }
+    proto_task_t t = {.task_id = s->next_task++, .job = j->id, .adapter_version = j->version, .kind = kind,
+                      .group = kind == PROTO_KIND_EVAL ? 1 : (uint32_t)j->spec.group, .max_new = (uint32_t)j->spec.max_new,
+                      .temperature = j->spec.temperature, .top_p = j->spec.top_p, .top_k = (uint32_t)j->spec.top_k,
+                      .seed = j->spec.seed * 1000003ull + index[0], .n_items = n, .items = items};
+    proto_buf_t buf = {0};
+    if (proto_task_encode(&t, &buf) || bus_send(s->work, &buf)) {
+        proto_buf_free(&buf);
+        goto done;
+    }
+    proto_buf_free(&buf);
+    if (s->n_tasks == s->cap_tasks) {
+        s->cap_tasks = s->cap_tasks ? 2 * s->cap_tasks : 256;
+        s->tasks = xrealloc(s->tasks, sizeof(stask_t) * (size_t)s->cap_tasks);
+    }
+    stask_t *k = &s->tasks[s->n_tasks++];
+    *k = (stask_t){.id = t.task_id, .kind = kind, .n = n, .version = j->version, .eval_round = round,
+                   .deadline = util_now() + s->cfg.lease_s};
+    snprintf(k->job, sizeof k->job, "%s", j->id);
+    k->index = xmalloc(sizeof(uint64_t) * n);
+    memcpy(k->index, index, sizeof(uint64_t) * n);
+    if (kind == PROTO_KIND_TRAIN) j->in_rollout += (int)n;
+    rc = 0;
+done:
+    for (uint32_t i = 0; i < n; i++) free(items[i].prompt);
+    free(items);
+    if (src.ds) dataset_destroy(&src.ds);
+    return rc;
+}
+
+static void start_eval(sched_t *s, sjob_t *j) {
+    j->eval_round = ++s->next_round;
+    j->eval_step = j->step;
+    j->eval_version = j->version;
+    j->eval_pending = 0;
+    j->eval_correct = j->eval_n = 0;
+    j->last_eval_step = j->step;
+    uint64_t idx[PROTO_MAX_ITEMS];
+    for (int i0 = 0; i0 < j->spec.eval_n; i0 += 32) {
+        uint32_t n = (uint32_t)(j->spec.eval_n - i0 < 32 ? j->spec.eval_n - i0 : 32);
+        for (uint32_t k = 0; k < n; k++) idx[k] = (uint64_t)(i0 + (int)k);
+        if (issue(s, j, PROTO_KIND_EVAL, idx, n, j->eval_round) == 0) j->eval_pending++;
+        else logj_warn(j->id, "eval task not sent (rollout queue full); the eval covers fewer examples");
+    }
+    if (j->eval_pending == 0) j->eval_round = 0;
+}
+
+static void eval_done(sched_t *s, sjob_t *j) {
+    double acc = j->eval_n ? (double)j->eval_correct / (double)j->eval_n : 0.0, lo, hi;
+    rl_wilson((int)j->eval_correct, (int)j->eval_n, &lo, &hi);
+    char v[6][32], key[256], err[ERR_LEN];
+    snprintf(v[0], 32, "%u", j->eval_step);
+    snprintf(v[1], 32, "%.4f", acc);
+    snprintf(v[2], 32, "%.4f", lo);
+    snprintf(v[3], 32, "%.4f", hi);
+    snprintf(v[4], 32, "%llu", (unsigned long long)j->eval_n);
+    snprintf(v[5], 32, "%.3f", (double)time(NULL));
+    const char *f[6] = {"eval_step", "eval_acc", "eval_lo", "eval_hi", "eval_n", "time"};
+    const char *vv[6] = {v[0], v[1], v[2], v[3], v[4], v[5]};
+    store_key(s->st, key, sizeof key, "metrics:%s", j->id);
+    store_xadd(s->st, key, 10000, 6, f, vv, NULL, err);
+    hset(s, j->id, 5, f, vv);
+    if (j->eval_step == 0) {
+        const char *f0[1] = {"eval_acc0"}, *v0[1] = {v[1]};
+        hset(s, j->id, 1, f0, v0);
+    }
+    logj_info(j->id, "eval step=%u accuracy=%.3f [%.3f, %.3f] n=%llu", j->eval_step, acc, lo, hi,
+              (unsigned long long)j->eval_n);
+    j->eval_round = 0;
+    if (acc > j->best_acc) j->best_acc = acc;
+    if (j->spec.target_accuracy > 0 && acc >= j->spec.target_accuracy && j->state == JS_RUNNING) {
+        drop_tasks(s, j->id);
+        set_state(s, j, JS_DONE, NULL);
+    } else if (j->step >= (uint32_t)j->spec.max_steps && j->state == JS_RUNNING) {
+        drop_tasks(s, j->id);
+        set_state(s, j, JS_DONE, NULL);
+    }
+}
+
+// Picks the running job with the smallest virtual time that may take more work.
+static sjob_t *next_job(sched_t *s) {
+    sjob_t *best = NULL;
+    for (int i = 0; i < s->n_jobs; i++) {
+        sjob_t *j = s->jobs[i];
+        // training goes on while an eval round runs: evals sample a fixed version
+        if (j->state != JS_RUNNING || j->step >= (uint32_t)j->spec.max_steps) continue;
+        int B = j->spec.prompts, in_flight = j->in_rollout + j->at_trainer;
+        int cap = s->cfg.policy == POLICY_SYNC ? B : (j->spec.staleness + 1) * B;
+        if (s->cfg.policy == POLICY_SYNC && j->sync_waiting) continue;
+        if (in_flight >= cap) continue;
+        if (!best || j->vtime < best->vtime) best = j;
+    }
+    return best;
+}
+
+void sched_tick(sched_t *s) {
+    double now = util_now();
+    // admit queued jobs: all of them (async), one at a time (sync)
+    int running = 0;
+    for (int i = 0; i < s->n_jobs; i++) running += s->jobs[i]->state == JS_RUNNING;
+    for (int i = 0; i < s->n_jobs; i++) {
+        sjob_t *j = s->jobs[i];
+        if (j->state != JS_QUEUED || (s->cfg.policy == POLICY_SYNC && running > 0)) continue;
+        set_state(s, j, JS_RUNNING, NULL);
+        running++;
+        start_eval(s, j);   // the accuracy before training
+    }
+    // expired leases: issue the same prompts again
+    for (int i = 0; i < s->n_tasks;) {
+        stask_t *k = &s->tasks[i];
+        if (now < k->deadline) {
+            i++;
+            continue;
+        }
+        sjob_t *j = find(s, k->job);
+        if (!j || j->state != JS_RUNNING) {
+            task_remove(s, i);
+            continue;
+        }
+        logj_warn(j->id, "task %llu: no result within %.0f s; issuing its %u prompts again", (unsigned long long)k->id,
+                  s->cfg.lease_s, k->n);
+        uint64_t *idx = k->index;
+        uint32_t n = k->n;
+        proto_kind_t kind = k->kind;
+        int round = k->eval_round;
+        k->index = NULL;
+        if (kind == PROTO_KIND_TRAIN) j->in_rollout -= (int)n;
+        task_remove(s, i);
+        if (kind == PROTO_KIND_EVAL && round != j->eval_round) {
+            free(idx);
+            continue;
+        }
+        if (issue(s, j, kind, idx, n, round) != 0 && kind == PROTO_KIND_EVAL && --j->eval_pending == 0) eval_done(s, j);
+        free(idx);
+    }
+    // groups stuck at the trainer (it restarted and lost its buffer)
+    for (int i = 0; i < s->n_jobs; i++) {
+        sjob_t *j = s->jobs[i];
+        if (j->state == JS_RUNNING && j->at_trainer >= j->spec.prompts && now - j->last_step_time > s->cfg.train_lease_s) {
+            logj_warn(j->id, "%d groups at the trainer with no step for %.0f s; counting them as lost", j->at_trainer,
+                      s->cfg.train_lease_s);
+            j->at_trainer = 0;
+            j->sync_waiting = false;
+            j->last_step_time = now;
+        }
+    }
+    // evals due; completion after the final eval
+    for (int i = 0; i < s->n_jobs; i++) {
+        sjob_t *j = s->jobs[i];
+        if (j->state != JS_RUNNING || j->eval_round) continue;
+        bool final = j->step >= (uint32_t)j->spec.max_steps;
+        bool due = j->spec.eval_every > 0 && j->step >= j->last_eval_step + (uint32_t)j->spec.eval_every;
+        if ((final && j->last_eval_step != j->step) || (due && !final)) start_eval(s, j);
+        else if (final && j->last_eval_step == j->step && !j->eval_round) {
+            drop_tasks(s, j->id);
+            set_state(s, j, JS_DONE, NULL);
+        }
+    }
+    // fair share: the job furthest behind (groups issued / weight) gets the next task
+    for (int guard = 0; guard < 64; guard++) {
+        sjob_t *j = next_job(s);
+        if (!j) break;
+        int B = j->spec.prompts, in_flight = j->in_rollout + j->at_trainer;
+        int cap = s->cfg.policy == POLICY_SYNC ? B : (j->spec.staleness + 1) * B;
+        uint32_t n = (uint32_t)(cap - in_flight < s->cfg.chunk ? cap - in_flight : s->cfg.chunk);
+        uint64_t idx[PROTO_MAX_ITEMS];
+        for (uint32_t k = 0; k < n; k++) idx[k] = j->next_index + k;
+        if (issue(s, j, PROTO_KIND_TRAIN, idx, n, 0) != 0) break;   // rollout queue full
+        j->next_index += n;
+        j->vtime += n / j->spec.weight;
+        if (s->cfg.policy == POLICY_SYNC && j->in_rollout + j->at_trainer >= B) j->sync_waiting = true;
+        char v[32];
+        snprintf(v, sizeof v, "%llu", (unsigned long long)j->next_index);
+        const char *f[1] = {"issued"}, *vv[1] = {v};
+        hset(s, j->id, 1, f, vv);
+    }
+    // forget finished jobs
+    for (int i = 0; i < s->n_jobs;) {
+        sjob_t *j = s->jobs[i];
+        if (j->state == JS_QUEUED || j->state == JS_RUNNING) {
+            i++;
+            continue;
+        }
+        drop_tasks(s, j->id);
+        free(j);
+        s->jobs[i] = s->jobs[--s->n_jobs];
+    }
+}
+
+// --- reports -----------------------------------------------------------------------------------
+
+void sched_report(sched_t *s, const proto_report_t *r) {
+    sjob_t *j = find(s, r->job);
+    if (!j) return;
+    switch (r->kind) {
+    case PROTO_REP_EPISODES: {
+        int ti = -1;
+        for (int i = 0; i < s->n_tasks; i++)
+            if (s->tasks[i].id == r->task_id) ti = i;
+        if (ti < 0) return;   // expired and issued again, or a duplicate
+        proto_kind_t kind = s->tasks[ti].kind;
+        int round = s->tasks[ti].eval_round, n = (int)s->tasks[ti].n;
+        task_remove(s, ti);   // before eval_done, which may drop the job's other tasks
+        if (kind == PROTO_KIND_EVAL) {
+            if (round == j->eval_round) {
+                j->eval_correct += r->correct;
+                j->eval_n += r->n;
+                if (--j->eval_pending == 0) eval_done(s, j);
+            }
+        } else {
+            j->in_rollout -= n;
+            j->at_trainer += n;
+            j->episodes += r->n;
+            j->reward_sum += r->reward_sum;
+            j->correct_train += r->correct;
+            j->reward_errors += r->errors;
+            if (r->errors) {
+                char key[256], err[ERR_LEN];
+                store_key(s->st, key, sizeof key, "job:%s", j->id);
+                store_hincrby(s->st, key, "reward_errors", r->errors, NULL, err);
+            }
+        }
+        break;
+    }
+    case PROTO_REP_STEP:
+        if (r->step > j->step || r->adapter_version > j->version) {
+            j->step = r->step;
+            j->version = r->adapter_version;
+        }
+        j->at_trainer -= (int)(r->n + r->errors);
+        if (j->at_trainer < 0) j->at_trainer = 0;
+        j->last_step_time = util_now();
+        j->sync_waiting = false;
+        break;
+    case PROTO_REP_JOB_FAILED:
+        if (j->state == JS_RUNNING || j->state == JS_QUEUED) {
+            drop_tasks(s, j->id);
+            set_state(s, j, JS_FAILED, r->error ? r->error : "failed");
+        }
+        break;
+    case PROTO_REP_TASK_FAILED:
+        for (int i = 0; i < s->n_tasks; i++)
+            if (s->tasks[i].id == r->task_id) {
+                // expire it now: the next tick issues its prompts again
+                s->tasks[i].deadline = 0;
+                if (++j->task_failures > 20) {
+                    drop_tasks(s, j->id);
+                    set_state(s, j, JS_FAILED, r->error ? r->error : "rollout tasks keep failing");
+                }
+                break;
+            }
+        break;
+    }
+}

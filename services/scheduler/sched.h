@@ -1,0 +1,41 @@
+// sched.h - the scheduler's job table and work issuing: fair share across running jobs,
+// per-job staleness bound, leases with re-issue, periodic greedy evals, completion. Redis is
+// the source of truth; the in-memory table is rebuilt from it after a restart.
+#ifndef MARLAAS_SCHED_H
+#define MARLAAS_SCHED_H
+
+#include <czmq.h>
+#include <stdbool.h>
+
+#include "common/formats/hfconfig.h"
+#include "common/net/proto.h"
+#include "common/net/store.h"
+#include "common/rl/jobspec.h"
+
+typedef enum { POLICY_ASYNC = 0, POLICY_SYNC = 1 } sched_policy_t;
+
+typedef struct sched sched_t;
+
+typedef struct {
+    sched_policy_t policy;
+    double lease_s;          // a task not verified within this time is issued again
+    double train_lease_s;    // groups at the trainer with no step for this long count as lost
+    int chunk;               // prompts per rollout task
+} sched_cfg_t;
+
+sched_t *sched_new(store_t *st, zsock_t *work, const hf_config_t *model, const sched_cfg_t *cfg, char *err);
+void sched_destroy(sched_t **s);
+// Loads every job that is queued or running from Redis (after a restart). Returns the count.
+int sched_restore(sched_t *s, char *err);
+// A job was created in Redis (status queued); start scheduling it.
+int sched_add_job(sched_t *s, const char *job, char *err);
+// The job was cancelled through the API.
+void sched_cancel(sched_t *s, const char *job);
+// Applies a report from a verifier, rollout or trainer.
+void sched_report(sched_t *s, const proto_report_t *r);
+// Issues work, expires leases, finishes jobs. Call often (every few ms).
+void sched_tick(sched_t *s);
+// Number of jobs queued or running.
+int sched_active(const sched_t *s);
+
+#endif

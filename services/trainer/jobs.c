@@ -1,0 +1,471 @@
+// jobs.c - per-job buffers, staleness filter, mixed-adapter RL steps, publication of adapter
+// versions, optimizer checkpoints and step metrics.
+#include "services/trainer/jobs.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/rl/rl.h"
+#include "common/util/log.h"
+
+#define SEEN_TASKS 4096
+
+typedef struct {
+    uint32_t version;            // adapter version the samples were drawn with
+    uint64_t task_id;
+    uint32_t n_prompt;
+    int32_t *prompt;
+    uint32_t n_samples;
+    proto_sample_t *samples;
+    float temperature;
+    double gen_seconds;          // share of the rollout compute spent on this group
+} tgroup_t;
+
+typedef struct {
+    char id[PROTO_MAX_ID];
+    jobspec_t spec;
+    int slot;
+    optim_t *opt;
+    float *grad;
+    uint32_t step, version;
+    tgroup_t *buf;
+    int n_buf, cap_buf;
+    uint64_t seen[SEEN_TASKS];
+    int n_seen;
+    uint32_t dropped;            // stale groups dropped since the last step
+    double last_used;
+} tjob_t;
+
+struct tjobs {
+    engine_t *e;
+    store_t *st;
+    tjobs_cfg_t cfg;
+    tjob_t **jobs;               // (max_jobs) indexed by slot; NULL = free
+    double busy;
+};
+
+static void group_free(tgroup_t *g) {
+    free(g->prompt);
+    for (uint32_t i = 0; i < g->n_samples; i++) {
+        free(g->samples[i].tokens);
+        free(g->samples[i].logprobs);
+        free(g->samples[i].text);
+    }
+    free(g->samples);
+    memset(g, 0, sizeof *g);
+}
+
+static void job_free(tjobs_t *t, tjob_t **pj) {
+    tjob_t *j = *pj;
+    if (!j) return;
+    for (int i = 0; i < j->n_buf; i++) group_free(&j->buf[i]);
+    free(j->buf);
+    optim_destroy(&j->opt);
+    kernels_cpu()->free(j->grad);
+    lora_pool_clear(engine_pool(t->e), j->slot);
+    free(j);
+    *pj = NULL;
+}
+
+tjobs_t *tjobs_new(engine_t *e, store_t *st, const tjobs_cfg_t *cfg, char *err) {
+    if (cfg->max_jobs < 1 || cfg->max_jobs > lora_pool_slots(engine_pool(e))) {
+        err_set(err, "max_jobs must be in 1..%d (adapter slots)", lora_pool_slots(engine_pool(e)));
+        return NULL;
+    }
+    tjobs_t *t = xcalloc(1, sizeof *t);
+    t->e = e;
+    t->st = st;
+    t->cfg = *cfg;
+    if (t->cfg.keep_versions < 2) t->cfg.keep_versions = 2;
+    if (t->cfg.optim_every < 1) t->cfg.optim_every = 1;
+    t->jobs = xcalloc((size_t)cfg->max_jobs, sizeof(tjob_t *));
+    return t;
+}
+
+void tjobs_destroy(tjobs_t **pt) {
+    if (!pt || !*pt) return;
+    tjobs_t *t = *pt;
+    for (int i = 0; i < t->cfg.max_jobs; i++) job_free(t, &t->jobs[i]);
+    free(t->jobs);
+    free(t);
+    *pt = NULL;
+}
+
+int tjobs_count(const tjobs_t *t) {
+    int n = 0;
+    for (int i = 0; i < t->cfg.max_jobs; i++) n += t->jobs[i] != NULL;
+    return n;
+}
+
+double tjobs_busy_seconds(const tjobs_t *t) { return t->busy; }
+
+static tjob_t *find(tjobs_t *t, const char *id) {
+    for (int i = 0; i < t->cfg.max_jobs; i++)
+        if (t->jobs[i] && !strcmp(t->jobs[i]->id, id)) return t->jobs[i];
+    return NULL;
+}
+
+// Reads the job's status; returns 1 when it is no longer running (batches are ignored).
+static int job_finished(tjobs_t *t, const char *id) {
+    char key[256], err[ERR_LEN], *status = NULL;
+    store_key(t->st, key, sizeof key, "job:%s", id);
+    if (store_hget(t->st, key, "status", &status, NULL, err) != 0) return 1;
+    int fin = strcmp(status, "running") != 0 && strcmp(status, "queued") != 0;
+    free(status);
+    return fin;
+}
+
+// Loads a job from Redis: spec, latest adapter version (parameters), optimizer state.
+static tjob_t *load(tjobs_t *t, const char *id, char *err) {
+    int slot = -1;
+    double oldest = 1e300;
+    int victim = -1;
+    for (int i = 0; i < t->cfg.max_jobs; i++) {
+        if (!t->jobs[i]) {
+            slot = i;
+            break;
+        }
+        if (t->jobs[i]->n_buf == 0 && t->jobs[i]->last_used < oldest) oldest = t->jobs[i]->last_used, victim = i;
+    }
+    if (slot < 0 && victim >= 0) {
+        logj_info(t->jobs[victim]->id, "evicted from the trainer (idle) to make room");
+        job_free(t, &t->jobs[victim]);
+        slot = victim;
+    }
+    if (slot < 0) {
+        err_set(err, "trainer holds %d jobs with pending data; raise --set max_jobs", t->cfg.max_jobs);
+        return NULL;
+    }
+    char key[256], *spec = NULL, *ver = NULL, *step = NULL;
+    store_key(t->st, key, sizeof key, "job:%s", id);
+    if (store_hget(t->st, key, "spec", &spec, NULL, err) != 0) {
+        if (!err[0]) err_set(err, "job %s not found in Redis", id);
+        return NULL;
+    }
+    tjob_t *j = xcalloc(1, sizeof *j);
+    snprintf(j->id, sizeof j->id, "%s", id);
+    j->slot = slot;
+    if (jobspec_parse(&j->spec, spec, err)) goto fail;
+    if (store_hget(t->st, key, "adapter_version", &ver, NULL, err) < 0) goto fail;
+    if (store_hget(t->st, key, "step", &step, NULL, err) < 0) goto fail;
+    j->version = ver ? (uint32_t)strtoul(ver, NULL, 10) : 0;
+    j->step = step ? (uint32_t)strtoul(step, NULL, 10) : 0;
+    uint8_t *blob = NULL;
+    size_t len = 0;
+    store_key(t->st, key, sizeof key, "adapter:%s:%u", id, j->version);
+    if (store_get(t->st, key, &blob, &len, err) != 0) {
+        if (!err[0]) err_set(err, "adapter version %u of job %s is missing from Redis", j->version, id);
+        goto fail;
+    }
+    const model_t *m = engine_model(t->e);
+    lora_t *a = lora_deserialize(blob, len, &m->cfg, kernels_cpu(), err);
+    free(blob);
+    if (!a || lora_pool_set(engine_pool(t->e), slot, &a, err)) {
+        lora_destroy(&a);
+        goto fail;
+    }
+    lora_t *ad = lora_pool_get(engine_pool(t->e), slot);
+    optim_cfg_t oc = optim_defaults();
+    oc.lr = j->spec.lr;
+    j->opt = optim_new(&oc, kernels_cpu(), ad->n_params);
+    j->grad = kernels_cpu()->alloc(sizeof(float) * ad->n_params);
+    store_key(t->st, key, sizeof key, "optim:%s", id);
+    if (store_get(t->st, key, &blob, &len, err) == 0) {
+        char e2[ERR_LEN];
+        if (optim_deserialize(j->opt, blob, len, e2))
+            logj_warn(id, "optimizer state not restored (%s); moments start from zero", e2);
+        else
+            logj_info(id, "resumed: adapter version %u, step %u, optimizer state of step %lld", j->version, j->step,
+                      (long long)j->opt->step);
+        free(blob);
+    }
+    free(spec), free(ver), free(step);
+    t->jobs[slot] = j;
+    return j;
+fail:
+    free(spec), free(ver), free(step);
+    lora_pool_clear(engine_pool(t->e), slot);
+    optim_destroy(&j->opt);
+    kernels_cpu()->free(j->grad);
+    free(j);
+    return NULL;
+}
+
+int tjobs_add(tjobs_t *t, proto_batch_t *m, char *err) {
+    tjob_t *j = find(t, m->job);
+    if (!j) {
+        if (job_finished(t, m->job)) {
+            proto_batch_free(m);
+            return 1;
+        }
+        j = load(t, m->job, err);
+        if (!j) return -1;
+    }
+    for (int i = 0; i < j->n_seen && i < SEEN_TASKS; i++)
+        if (j->seen[i] == m->task_id) {
+            logj_debug(j->id, "task %llu delivered twice; ignored", (unsigned long long)m->task_id);
+            proto_batch_free(m);
+            return 1;
+        }
+    j->seen[j->n_seen++ % SEEN_TASKS] = m->task_id;
+    if (m->kind != PROTO_KIND_TRAIN) {
+        proto_batch_free(m);
+        return 1;
+    }
+    for (uint32_t g = 0; g < m->n_groups; g++) {
+        if (j->n_buf == j->cap_buf) {
+            j->cap_buf = j->cap_buf ? 2 * j->cap_buf : 64;
+            j->buf = xrealloc(j->buf, sizeof(tgroup_t) * (size_t)j->cap_buf);
+        }
+        proto_group_t *pg = &m->groups[g];
+        j->buf[j->n_buf++] = (tgroup_t){.version = m->adapter_version, .task_id = m->task_id, .n_prompt = pg->n_prompt,
+                                        .prompt = pg->prompt, .n_samples = pg->n_samples, .samples = pg->samples,
+                                        .temperature = m->temperature,
+                                        .gen_seconds = m->gen_seconds / (m->n_groups ? m->n_groups : 1)};
+        pg->prompt = NULL, pg->samples = NULL, pg->n_samples = 0;
+    }
+    proto_batch_free(m);
+    return 0;
+}
+
+// Drops groups sampled more than `staleness` versions ago (they may not train this version).
+static void drop_stale(tjob_t *j) {
+    int k = 0;
+    for (int i = 0; i < j->n_buf; i++) {
+        if ((int64_t)j->version - (int64_t)j->buf[i].version > j->spec.staleness) {
+            group_free(&j->buf[i]);
+            j->dropped++;
+        } else {
+            j->buf[k++] = j->buf[i];
+        }
+    }
+    j->n_buf = k;
+}
+
+// Publishes version+1 (adapter blob, version pointer, old version removed in one transaction),
+// the optimizer state every optim_every steps, and the step's metrics.
+static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int nm, char *err) {
+    lora_t *a = lora_pool_get(engine_pool(t->e), j->slot);
+    uint8_t *blob = NULL;
+    size_t len = 0;
+    if (lora_serialize(a, &blob, &len, err)) return -1;
+    uint32_t v = j->version + 1;
+    char kad[256], kjob[256], kold[256], vs[16], ss[16];
+    store_key(t->st, kad, sizeof kad, "adapter:%s:%u", j->id, v);
+    store_key(t->st, kjob, sizeof kjob, "job:%s", j->id);
+    snprintf(vs, sizeof vs, "%u", v);
+    snprintf(ss, sizeof ss, "%u", j->step + 1);
+    const char *set_argv[3] = {"SET", kad, (const char *)blob};
+    size_t set_lens[3] = {3, strlen(kad), len};
+    const char *h_argv[6] = {"HSET", kjob, "adapter_version", vs, "step", ss};
+    store_argv_t cmds[3] = {{.argc = 3, .argv = set_argv, .lens = set_lens}, {.argc = 6, .argv = h_argv}};
+    int nc = 2;
+    const char *d_argv[2] = {"DEL", kold};
+    if (v >= (uint32_t)t->cfg.keep_versions) {
+        store_key(t->st, kold, sizeof kold, "adapter:%s:%u", j->id, v - (uint32_t)t->cfg.keep_versions);
+        cmds[nc++] = (store_argv_t){.argc = 2, .argv = d_argv};
+    }
+    redisReply *r = store_atomic(t->st, nc, cmds, err);
+    free(blob);
+    if (!r) return -1;
+    freeReplyObject(r);
+    j->version = v;
+    j->step++;
+    if (j->step % (uint32_t)t->cfg.optim_every == 0) {
+        uint8_t *ob;
+        size_t ol;
+        optim_serialize(j->opt, &ob, &ol);
+        char ko[256];
+        store_key(t->st, ko, sizeof ko, "optim:%s", j->id);
+        if (store_set(t->st, ko, ob, ol, err)) logj_warn(j->id, "optimizer state not saved: %s", err);
+        free(ob);
+    }
+    char km[256];
+    store_key(t->st, km, sizeof km, "metrics:%s", j->id);
+    if (store_xadd(t->st, km, 10000, nm, mf, mv, NULL, err) != 0) logj_warn(j->id, "metrics not written: %s", err);
+    return 0;
+}
+
+static void fail_job(tjobs_t *t, tjob_t *j, const char *why, tjobs_result_t *r) {
+    char key[256], err[ERR_LEN];
+    store_key(t->st, key, sizeof key, "job:%s", j->id);
+    const char *f[2] = {"status", "error"}, *v[2] = {"failed", why};
+    store_hset(t->st, key, 2, f, v, err);
+    logj_error(j->id, "job failed: %s", why);
+    r->failed = true;
+    snprintf(r->error, sizeof r->error, "%s", why);
+    job_free(t, &t->jobs[j->slot]);
+}
+
+int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
+    int L = t->cfg.max_jobs, n_ready = 0;
+    tjob_t *ready[256];
+    for (int i = 0; i < L && n_ready < 256; i++) {
+        tjob_t *j = t->jobs[i];
+        if (!j) continue;
+        drop_stale(j);
+        if (j->step >= (uint32_t)j->spec.max_steps) {
+            // finished: what is still buffered or arriving is surplus of the pipeline
+            for (int g = 0; g < j->n_buf; g++) group_free(&j->buf[g]);
+            j->n_buf = 0;
+            continue;
+        }
+        if (j->n_buf >= j->spec.prompts) ready[n_ready++] = j;
+    }
+    if (!n_ready) return 0;
+    double t0 = util_now();
+    // Build one mixed batch: for each ready job its B oldest groups, every sample a sequence.
+    int n_seq = 0;
+    for (int r = 0; r < n_ready; r++)
+        for (int g = 0; g < ready[r]->spec.prompts; g++) n_seq += (int)ready[r]->buf[g].n_samples;
+    engine_train_seq_t *seqs = xcalloc((size_t)n_seq, sizeof *seqs);
+    int32_t **tok = xcalloc((size_t)n_seq, sizeof *tok);
+    float **w = xcalloc((size_t)n_seq, sizeof *w), **old = xcalloc((size_t)n_seq, sizeof *old);
+    double *rew_sum = xcalloc((size_t)n_ready, sizeof(double)), *stale_sum = xcalloc((size_t)n_ready, sizeof(double));
+    double *tokens = xcalloc((size_t)n_ready, sizeof(double)), *gen_s = xcalloc((size_t)n_ready, sizeof(double));
+    int *nsamp = xcalloc((size_t)n_ready, sizeof(int));
+    float *grads_by_slot[256] = {0};
+    int k = 0;
+    float temperature = 1.0f;
+    for (int r = 0; r < n_ready; r++) {
+        tjob_t *j = ready[r];
+        kernels_cpu()->zero(j->grad, sizeof(float) * lora_pool_get(engine_pool(t->e), j->slot)->n_params);
+        grads_by_slot[j->slot] = j->grad;
+        for (int g = 0; g < j->spec.prompts; g++) {
+            tgroup_t *gr = &j->buf[g];
+            float rw[PROTO_MAX_SAMPLES], adv[PROTO_MAX_SAMPLES];
+            for (uint32_t s = 0; s < gr->n_samples; s++) rw[s] = gr->samples[s].reward, rew_sum[r] += rw[s];
+            rl_group_advantages(rw, (int)gr->n_samples, j->spec.std_norm, adv);
+            stale_sum[r] += j->version - gr->version;
+            gen_s[r] += gr->gen_seconds;
+            temperature = gr->temperature;
+            for (uint32_t s = 0; s < gr->n_samples; s++, k++) {
+                const proto_sample_t *ps = &gr->samples[s];
+                int len = (int)(gr->n_prompt + ps->n);
+                tok[k] = xmalloc(sizeof(int32_t) * (size_t)len);
+                w[k] = xcalloc((size_t)len, sizeof(float));
+                old[k] = xcalloc((size_t)len, sizeof(float));
+                memcpy(tok[k], gr->prompt, sizeof(int32_t) * gr->n_prompt);
+                memcpy(tok[k] + gr->n_prompt, ps->tokens, sizeof(int32_t) * ps->n);
+                for (uint32_t q = 0; q < ps->n; q++) {
+                    w[k][gr->n_prompt + q] = 1.0f;
+                    old[k][gr->n_prompt + q] = ps->logprobs[q];
+                }
+                seqs[k] = (engine_train_seq_t){.tokens = tok[k], .len = len, .slot = j->slot, .weight = w[k],
+                                               .old_logp = old[k], .advantage = adv[s],
+                                               .on_policy = gr->version == j->version};
+                tokens[r] += len;
+                nsamp[r]++;
+            }
+        }
+    }
+    // Jobs may differ in temperature / clipping: one pass per distinct loss setting would be
+    // exact; the loss settings of the first ready job apply to a shared pass only when all
+    // agree, otherwise each job gets its own pass.
+    int n_out = 0;
+    char err[ERR_LEN];
+    for (int r0 = 0; r0 < n_ready;) {
+        int r1 = r0 + 1;
+        const jobspec_t *s0 = &ready[r0]->spec;
+        while (r1 < n_ready && ready[r1]->spec.temperature == s0->temperature &&
+               ready[r1]->spec.clip_low == s0->clip_low && ready[r1]->spec.clip_high == s0->clip_high &&
+               ready[r1]->spec.kl == 0 && s0->kl == 0)
+            r1++;
+        int first = 0, count = 0;
+        for (int r = 0; r < r0; r++) first += nsamp[r];
+        for (int r = r0; r < r1; r++) count += nsamp[r];
+        loss_cfg_t lc = {.kind = LOSS_RL, .temperature = s0->temperature, .clip_low = s0->clip_low,
+                         .clip_high = s0->clip_high, .kl_coef = s0->kl};
+        (void)temperature;
+        int nst = lora_pool_slots(engine_pool(t->e)) + 1;
+        loss_stats_t *st = xcalloc((size_t)nst, sizeof *st);
+        double tp = util_now();
+        int rc = 0;
+        if (s0->kl > 0) {
+            // reference log-probs: the same sequences with the adapter switched off
+            engine_train_seq_t *base = xmalloc(sizeof *base * (size_t)count);
+            float **refp = xmalloc(sizeof(float *) * (size_t)count);
+            for (int i = 0; i < count; i++) {
+                base[i] = seqs[first + i], base[i].slot = -1;
+                refp[i] = xcalloc((size_t)base[i].len, sizeof(float));
+                seqs[first + i].ref_logp = refp[i];
+            }
+            rc = engine_logprobs(t->e, base, count, s0->temperature, refp, NULL, err);
+            free(base);
+            if (rc == 0) rc = engine_train(t->e, seqs + first, count, &lc, NULL, grads_by_slot, st, nst, err);
+            for (int i = 0; i < count; i++) free(refp[i]);
+            free(refp);
+        } else {
+            rc = engine_train(t->e, seqs + first, count, &lc, NULL, grads_by_slot, st, nst, err);
+        }
+        double pass_s = util_now() - tp, pass_tokens = 0;
+        for (int r = r0; r < r1; r++) pass_tokens += tokens[r];
+        for (int r = r0; r < r1 && n_out < max; r++) {
+            tjob_t *j = ready[r];
+            tjobs_result_t *out = &res[n_out++];
+            memset(out, 0, sizeof *out);
+            snprintf(out->job, sizeof out->job, "%s", j->id);
+            const loss_stats_t *ls = &st[j->slot + 1];
+            if (rc) {
+                fail_job(t, j, err, out);
+                continue;
+            }
+            lora_t *ad = lora_pool_get(engine_pool(t->e), j->slot);
+            double gn = optim_step(j->opt, ad->params, j->grad);
+            if (!isfinite(gn) || !isfinite(ls->loss) || !kernels_cpu()->all_finite(ad->n_params, ad->params)) {
+                char why[ERR_LEN];
+                snprintf(why, sizeof why, "step %u: loss or gradient is not finite (loss %g, gradient norm %g); "
+                         "lower the learning rate (spec.lr)", j->step + 1, ls->loss, gn);
+                fail_job(t, j, why, out);
+                continue;
+            }
+            double compute = pass_s * tokens[r] / (pass_tokens > 0 ? pass_tokens : 1);
+            char v[16][40];
+            const char *mf[16] = {"step", "reward", "kl", "clip_frac", "entropy", "ratio", "mismatch", "staleness",
+                                  "tokens", "train_s", "gen_s", "groups", "dropped", "grad_norm", "time"};
+            snprintf(v[0], 40, "%u", j->step + 1);
+            snprintf(v[1], 40, "%.5f", rew_sum[r] / nsamp[r]);
+            snprintf(v[2], 40, "%.6f", ls->kl);
+            snprintf(v[3], 40, "%.5f", ls->clip_frac);
+            snprintf(v[4], 40, "%.5f", ls->entropy);
+            snprintf(v[5], 40, "%.6f", ls->ratio_mean);
+            snprintf(v[6], 40, "%.3g", ls->mismatch);
+            snprintf(v[7], 40, "%.3f", stale_sum[r] / j->spec.prompts);
+            snprintf(v[8], 40, "%.0f", tokens[r]);
+            snprintf(v[9], 40, "%.4f", compute);
+            snprintf(v[10], 40, "%.4f", gen_s[r]);
+            snprintf(v[11], 40, "%d", j->spec.prompts);
+            snprintf(v[12], 40, "%u", j->dropped);
+            snprintf(v[13], 40, "%.4f", gn);
+            snprintf(v[14], 40, "%.3f", (double)time(NULL));
+            const char *mv[15];
+            for (int q = 0; q < 15; q++) mv[q] = v[q];
+            if (publish(t, j, mf, mv, 15, err)) {
+                logj_error(j->id, "step %u not published (%s); the step is retried with the next data", j->step + 1, err);
+                continue;
+            }
+            out->step = j->step;
+            out->version = j->version;
+            out->consumed = (uint32_t)j->spec.prompts;
+            out->dropped = j->dropped;
+            j->dropped = 0;
+            j->last_used = util_now();
+            logj_info(j->id, "step=%u version=%u reward=%.3f kl=%.4f clip=%.3f mismatch=%.2g staleness=%.2f tokens=%.0f train_s=%.3f",
+                      j->step, j->version, rew_sum[r] / nsamp[r], ls->kl, ls->clip_frac, ls->mismatch,
+                      stale_sum[r] / j->spec.prompts, tokens[r], compute);
+            // the consumed groups leave the buffer
+            for (int g = 0; g < j->spec.prompts; g++) group_free(&j->buf[g]);
+            memmove(j->buf, j->buf + j->spec.prompts, sizeof(tgroup_t) * (size_t)(j->n_buf - j->spec.prompts));
+            j->n_buf -= j->spec.prompts;
+        }
+        free(st);
+        r0 = r1;
+    }
+    for (int i = 0; i < n_seq; i++) free(tok[i]), free(w[i]), free(old[i]);
+    free(seqs), free(tok), free(w), free(old), free(rew_sum), free(stale_sum), free(tokens), free(gen_s), free(nsamp);
+    t->busy += util_now() - t0;
+    return n_out;
+}

@@ -1,0 +1,43 @@
+// jobs.h - the trainer's per-job state: adapter slot, optimizer, buffer of scored groups, and
+// the training step (several ready jobs share one forward/backward pass).
+#ifndef MARLAAS_TRAINER_JOBS_H
+#define MARLAAS_TRAINER_JOBS_H
+
+#include "common/engine/engine.h"
+#include "common/engine/optim.h"
+#include "common/net/proto.h"
+#include "common/net/store.h"
+#include "common/rl/jobspec.h"
+
+typedef struct tjobs tjobs_t;
+
+// Outcome of one job's step, for the caller to announce.
+typedef struct {
+    char job[PROTO_MAX_ID];
+    uint32_t step, version;
+    uint32_t consumed, dropped;    // groups trained / dropped as too stale
+    bool failed;
+    char error[ERR_LEN];
+} tjobs_result_t;
+
+typedef struct {
+    int max_jobs;          // adapter slots (jobs trained at once)
+    int keep_versions;     // adapter versions kept in Redis (>= 2)
+    int optim_every;       // optimizer state saved every K steps
+} tjobs_cfg_t;
+
+tjobs_t *tjobs_new(engine_t *e, store_t *st, const tjobs_cfg_t *cfg, char *err);
+void tjobs_destroy(tjobs_t **t);
+// Adds a scored batch (ownership of its arrays moves to the trainer; m is zeroed). Duplicate
+// task ids are ignored. Loads the job (spec, latest adapter, optimizer state) from Redis on
+// first sight. Returns 0, 1 when ignored (duplicate, finished job), -1 + err.
+int tjobs_add(tjobs_t *t, proto_batch_t *m, char *err);
+// Trains every job with a full batch (one mixed-adapter pass) and publishes new versions.
+// Fills up to max results; returns how many.
+int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max);
+// Jobs currently held.
+int tjobs_count(const tjobs_t *t);
+// Seconds spent computing steps since start (busy accounting).
+double tjobs_busy_seconds(const tjobs_t *t);
+
+#endif

@@ -1,0 +1,119 @@
+// main.c - marlaas-trainer: receives scored groups from the verifiers, trains each job's LoRA
+// adapter when its batch is ready (several jobs in one pass), publishes adapter versions to
+// Redis and announces them. Wiring only; the logic lives in jobs.c.
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/net/bus.h"
+#include "common/net/svc.h"
+#include "common/util/log.h"
+#include "services/trainer/jobs.h"
+
+static const char *HELP =
+    "Trains the jobs' LoRA adapters. Binds --trainer (PULL, scored groups from verifiers) and\n"
+    "--trainer-events (PUB, adapter versions); connects --reports (the scheduler).\n"
+    "extras: --set max_jobs=64 --set keep_versions=4 --set optim_every=1";
+
+int main(int argc, char **argv) {
+    svc_t s;
+    int rc = svc_init(&s, "trainer", argc, argv, HELP);
+    if (rc) return rc > 0 ? 0 : 2;
+    char err[ERR_LEN], ep[256];
+    store_t *st = svc_store(&s, err);
+    if (!st) {
+        log_error("%s", err);
+        return 1;
+    }
+    model_t *m = model_load(svc_get(&s, SVC_MODEL), kernels_cpu(), err);
+    if (!m) {
+        log_error("cannot load the base model: %s (set --model or MARLAAS_MODEL)", err);
+        store_destroy(&st);
+        return 1;
+    }
+    int max_jobs = atoi(svc_extra(&s, "max_jobs", "64"));
+    lora_pool_t *pool = lora_pool_new(max_jobs > 0 ? max_jobs : 64);
+    engine_t *e = engine_new(m, pool, err);
+    tjobs_cfg_t cfg = {.max_jobs = lora_pool_slots(pool), .keep_versions = atoi(svc_extra(&s, "keep_versions", "4")),
+                       .optim_every = atoi(svc_extra(&s, "optim_every", "1"))};
+    tjobs_t *jobs = tjobs_new(e, st, &cfg, err);
+    svc_bind_endpoint(&s, SVC_TRAINER, ep, sizeof ep);
+    zsock_t *in = jobs ? bus_bind(ZMQ_PULL, ep, BUS_DEFAULT_HWM, PROTO_MAX_FRAME, err) : NULL;
+    svc_bind_endpoint(&s, SVC_TRAINER_EVENTS, ep, sizeof ep);
+    zsock_t *pub = in ? bus_bind(ZMQ_PUB, ep, BUS_DEFAULT_HWM, 0, err) : NULL;
+    zsock_t *rep = pub ? bus_connect(ZMQ_PUSH, svc_get(&s, SVC_REPORTS), BUS_DEFAULT_HWM, 0, err) : NULL;
+    if (!rep) {
+        log_error("%s", err);
+        rc = 1;
+        goto done;
+    }
+    log_info("ready: %zu-parameter base model, up to %d jobs, id %s", m->n_params, cfg.max_jobs, s.id);
+    zpoller_t *poller = zpoller_new(in, NULL);
+    double t_start = util_now(), last_beat = 0;
+    uint64_t received = 0, rejected = 0, steps = 0;
+    tjobs_result_t res[64];
+    while (!svc_stopping()) {
+        void *which = zpoller_wait(poller, 50);
+        if (which == in) {
+            // drain what is queued before stepping: a step then sees every ready job
+            for (int i = 0; i < 256; i++) {
+                zframe_t *f = zframe_recv_nowait(in);
+                if (!f) break;
+                proto_batch_t b;
+                received++;
+                if (proto_batch_decode("scored", zframe_data(f), zframe_size(f), &b, err)) {
+                    rejected++;
+                    log_warn("dropped a malformed message (%s)", err);
+                } else if (tjobs_add(jobs, &b, err) < 0) {
+                    // the scheduler's lease on these groups runs out and it issues them again
+                    rejected++;
+                    logj_warn(b.job, "batch not used: %s", err);
+                    proto_batch_free(&b);
+                }
+                zframe_destroy(&f);
+            }
+        }
+        int n = tjobs_step(jobs, res, 64);
+        for (int i = 0; i < n; i++) {
+            proto_buf_t buf = {0};
+            proto_report_t r = {.kind = res[i].failed ? PROTO_REP_JOB_FAILED : PROTO_REP_STEP, .job = res[i].job,
+                                .source = s.id, .step = res[i].step, .adapter_version = res[i].version,
+                                .n = res[i].consumed, .errors = res[i].dropped,
+                                .error = res[i].failed ? res[i].error : NULL};
+            if (!proto_report_encode(&r, &buf) && bus_send(rep, &buf)) log_warn("report to the scheduler not sent (queue full)");
+            proto_buf_free(&buf);
+            if (!res[i].failed) {
+                proto_adapter_event_t ev = {.job = res[i].job, .version = res[i].version, .step = res[i].step};
+                if (!proto_adapter_event_encode(&ev, &buf)) {
+                    zsock_send(pub, "sb", "adapter", buf.data, buf.len);
+                }
+                proto_buf_free(&buf);
+                steps++;
+            }
+        }
+        if (util_now() - last_beat > 2.0) {
+            last_beat = util_now();
+            char v[5][32];
+            double up = util_now() - t_start;
+            snprintf(v[0], 32, "%.4f", tjobs_busy_seconds(jobs) / (up > 0 ? up : 1));
+            snprintf(v[1], 32, "%.3f", tjobs_busy_seconds(jobs));
+            snprintf(v[2], 32, "%llu", (unsigned long long)steps);
+            snprintf(v[3], 32, "%llu", (unsigned long long)rejected);
+            snprintf(v[4], 32, "%d", tjobs_count(jobs));
+            const char *f[5] = {"busy_fraction", "busy_s", "steps", "rejected", "jobs"}, *vv[5] = {v[0], v[1], v[2], v[3], v[4]};
+            svc_heartbeat(&s, st, 10, 5, f, vv);
+        }
+    }
+    log_info("stopping: %llu messages received, %llu rejected, %llu steps", (unsigned long long)received,
+             (unsigned long long)rejected, (unsigned long long)steps);
+    zpoller_destroy(&poller);
+done:
+    zsock_destroy(&rep);
+    zsock_destroy(&pub);
+    zsock_destroy(&in);
+    tjobs_destroy(&jobs);
+    engine_destroy(&e);
+    lora_pool_destroy(&pool);
+    model_destroy(&m);
+    store_destroy(&st);
+    return rc;
+}

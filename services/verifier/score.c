@@ -1,0 +1,314 @@
+// score.c - built-in and external reward scoring of rollout batches.
+#include "services/verifier/score.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/net/bus.h"
+#include "common/rl/jobspec.h"
+#include "common/rl/rl.h"
+#include "common/util/log.h"
+
+#define MAX_JOBS 256
+#define MAX_ENDPOINTS 32
+
+typedef struct {
+    char id[PROTO_MAX_ID];
+    jobspec_t spec;
+    rl_source_t src;
+    bool ok;
+    char error[ERR_LEN];
+    double last_used;
+} vjob_t;
+
+typedef struct {
+    proto_batch_t b;
+    vjob_t *job;
+    int outstanding;          // external requests not yet answered
+    bool job_failed;
+    char error[ERR_LEN];
+} vbatch_t;
+
+typedef struct {
+    uint64_t id;
+    vbatch_t *vb;
+    uint32_t group;
+    int tries;
+    double deadline;
+    zsock_t *sock;
+    proto_buf_t payload;
+} vreq_t;
+
+struct scorer {
+    store_t *st;
+    vjob_t *jobs[MAX_JOBS];
+    char ep_name[MAX_ENDPOINTS][256];
+    zsock_t *ep_sock[MAX_ENDPOINTS + 1];
+    int n_ep;
+    vbatch_t **batches;
+    int n_batches, cap_batches;
+    vreq_t *reqs;
+    int n_reqs, cap_reqs;
+    uint64_t next_id;
+    double busy;
+};
+
+scorer_t *scorer_new(store_t *st, char *err) {
+    if (!st) {
+        err_set(err, "scorer needs a store");
+        return NULL;
+    }
+    scorer_t *s = xcalloc(1, sizeof *s);
+    s->st = st;
+    s->next_id = 1;
+    return s;
+}
+
+static void vbatch_free(vbatch_t *vb) {
+    proto_batch_free(&vb->b);
+    free(vb);
+}
+
+void scorer_destroy(scorer_t **ps) {
+    if (!ps || !*ps) return;
+    scorer_t *s = *ps;
+    for (int i = 0; i < MAX_JOBS; i++)
+        if (s->jobs[i]) {
+            rl_source_close(&s->jobs[i]->src);
+            free(s->jobs[i]);
+        }
+    for (int i = 0; i < s->n_ep; i++) zsock_destroy(&s->ep_sock[i]);
+    for (int i = 0; i < s->n_batches; i++) vbatch_free(s->batches[i]);
+    for (int i = 0; i < s->n_reqs; i++) proto_buf_free(&s->reqs[i].payload);
+    free(s->batches);
+    free(s->reqs);
+    free(s);
+    *ps = NULL;
+}
+
+// The job's spec and task source, loaded from Redis once (specs never change).
+static vjob_t *job_get(scorer_t *s, const char *id) {
+    int free_i = -1, old_i = 0;
+    for (int i = 0; i < MAX_JOBS; i++) {
+        if (s->jobs[i] && !strcmp(s->jobs[i]->id, id)) {
+            s->jobs[i]->last_used = util_now();
+            return s->jobs[i];
+        }
+        if (!s->jobs[i] && free_i < 0) free_i = i;
+        if (s->jobs[i] && s->jobs[old_i] && s->jobs[i]->last_used < s->jobs[old_i]->last_used) old_i = i;
+    }
+    if (free_i < 0) {
+        rl_source_close(&s->jobs[old_i]->src);
+        free(s->jobs[old_i]);
+        s->jobs[old_i] = NULL;
+        free_i = old_i;
+    }
+    vjob_t *j = xcalloc(1, sizeof *j);
+    snprintf(j->id, sizeof j->id, "%s", id);
+    j->last_used = util_now();
+    char key[256], *spec = NULL;
+    store_key(s->st, key, sizeof key, "job:%s", id);
+    int rc = store_hget(s->st, key, "spec", &spec, NULL, j->error);
+    if (rc == 1) snprintf(j->error, sizeof j->error, "job %s not found in Redis", id);
+    if (rc == 0 && jobspec_parse(&j->spec, spec, j->error) == 0) {
+        if (!j->spec.dataset) {
+            j->ok = rl_source_open(&j->src, j->spec.task, NULL, NULL, j->error) == 0;
+        } else {
+            // the uploaded dataset: one JSONL line per list entry
+            store_buf_t *lines = NULL;
+            int n = 0;
+            store_key(s->st, key, sizeof key, "job:%s:data", id);
+            if (store_lrange(s->st, key, 0, -1, &lines, &n, j->error) == 0) {
+                size_t total = 0;
+                for (int i = 0; i < n; i++) total += lines[i].len + 1;
+                char *buf = xmalloc(total + 1), *p = buf;
+                for (int i = 0; i < n; i++) memcpy(p, lines[i].data, lines[i].len), p += lines[i].len, *p++ = '\n';
+                verify_spec_t vs;
+                if (verify_spec_parse(&vs, j->spec.verifier, j->error) == 0) {
+                    j->src.ds = dataset_parse(j->spec.task, buf, (size_t)(p - buf), &vs, j->error);
+                    snprintf(j->src.name, sizeof j->src.name, "%s", j->spec.task);
+                    j->ok = j->src.ds != NULL;
+                }
+                free(buf);
+                store_bufv_free(&lines, n);
+            }
+        }
+    }
+    free(spec);
+    if (!j->ok) logj_error(id, "cannot score this job: %s", j->error);
+    s->jobs[free_i] = j;
+    return j;
+}
+
+static zsock_t *endpoint(scorer_t *s, const char *ep) {
+    for (int i = 0; i < s->n_ep; i++)
+        if (!strcmp(s->ep_name[i], ep)) return s->ep_sock[i];
+    if (s->n_ep == MAX_ENDPOINTS) return NULL;
+    char err[ERR_LEN];
+    zsock_t *d = bus_connect(ZMQ_DEALER, ep, 1000, PROTO_MAX_FRAME, err);
+    if (!d) {
+        log_warn("reward service %s: %s", ep, err);
+        return NULL;
+    }
+    snprintf(s->ep_name[s->n_ep], 256, "%s", ep);
+    s->ep_sock[s->n_ep++] = d;
+    s->ep_sock[s->n_ep] = NULL;
+    return d;
+}
+
+static void send_req(vreq_t *r) {
+    void *h = zsock_resolve(r->sock);
+    // empty delimiter first, so a plain REP socket answers
+    if (zmq_send(h, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) zmq_send(h, r->payload.data, r->payload.len, ZMQ_DONTWAIT);
+}
+
+void scorer_add(scorer_t *s, proto_batch_t *b) {
+    double t0 = util_now();
+    vbatch_t *vb = xcalloc(1, sizeof *vb);
+    vb->b = *b;
+    memset(b, 0, sizeof *b);
+    vb->job = job_get(s, vb->b.job);
+    vjob_t *j = vb->job;
+    task_split_t split = vb->b.kind == PROTO_KIND_EVAL ? TASK_EVAL : TASK_TRAIN;
+    for (uint32_t g = 0; g < vb->b.n_groups; g++) {
+        proto_group_t *gr = &vb->b.groups[g];
+        if (!j->ok) {
+            for (uint32_t i = 0; i < gr->n_samples; i++) gr->samples[i].reward = 0, gr->samples[i].failed = 1;
+            continue;
+        }
+        task_example_t ex;
+        int h = rl_source_example(&j->src, split, gr->index, &ex);
+        if (j->spec.reward_endpoint[0]) {
+            zsock_t *sock = endpoint(s, j->spec.reward_endpoint);
+            proto_reward_req_t rq = {.id = s->next_id++, .job = vb->b.job, .prompt = ex.prompt, .n = gr->n_samples};
+            char **texts = xcalloc(gr->n_samples ? gr->n_samples : 1, sizeof(char *));
+            for (uint32_t i = 0; i < gr->n_samples; i++) texts[i] = gr->samples[i].text;
+            rq.completions = texts;
+            if (s->n_reqs == s->cap_reqs) {
+                s->cap_reqs = s->cap_reqs ? 2 * s->cap_reqs : 64;
+                s->reqs = xrealloc(s->reqs, sizeof(vreq_t) * (size_t)s->cap_reqs);
+            }
+            vreq_t *r = &s->reqs[s->n_reqs];
+            *r = (vreq_t){.id = rq.id, .vb = vb, .group = g, .tries = 0, .sock = sock,
+                          .deadline = util_now() + j->spec.reward_timeout_ms / 1000.0};
+            if (sock && proto_reward_req_encode(&rq, &r->payload) == 0) {
+                send_req(r);
+                s->n_reqs++;
+                vb->outstanding++;
+            } else {
+                proto_buf_free(&r->payload);
+                for (uint32_t i = 0; i < gr->n_samples; i++) gr->samples[i].reward = 0, gr->samples[i].failed = 1;
+            }
+            free(texts);
+        } else {
+            for (uint32_t i = 0; i < gr->n_samples; i++)
+                gr->samples[i].reward = rl_source_verify(&j->src, &ex, h, gr->samples[i].text ? gr->samples[i].text : "");
+        }
+        task_example_free(&ex);
+    }
+    if (s->n_batches == s->cap_batches) {
+        s->cap_batches = s->cap_batches ? 2 * s->cap_batches : 32;
+        s->batches = xrealloc(s->batches, sizeof(vbatch_t *) * (size_t)s->cap_batches);
+    }
+    s->batches[s->n_batches++] = vb;
+    s->busy += util_now() - t0;
+}
+
+zsock_t **scorer_sockets(scorer_t *s, int *n) {
+    *n = s->n_ep;
+    return s->ep_sock;
+}
+
+static void req_done(scorer_t *s, int i) {
+    proto_buf_free(&s->reqs[i].payload);
+    s->reqs[i] = s->reqs[--s->n_reqs];
+}
+
+static void req_fail(scorer_t *s, int i, const char *why) {
+    vreq_t *r = &s->reqs[i];
+    vbatch_t *vb = r->vb;
+    proto_group_t *gr = &vb->b.groups[r->group];
+    for (uint32_t k = 0; k < gr->n_samples; k++) gr->samples[k].reward = 0, gr->samples[k].failed = 1;
+    logj_warn(vb->b.job, "reward service %s: %s; rewards of this group set to 0", vb->job->spec.reward_endpoint, why);
+    if (vb->job->spec.reward_on_failure == REWARD_FAIL_JOB) {
+        vb->job_failed = true;
+        snprintf(vb->error, sizeof vb->error, "reward service %.100s failed: %.120s", vb->job->spec.reward_endpoint, why);
+    }
+    vb->outstanding--;
+    req_done(s, i);
+}
+
+void scorer_poll(scorer_t *s) {
+    char err[ERR_LEN];
+    for (int e = 0; e < s->n_ep; e++) {
+        for (;;) {
+            zmsg_t *m = zmsg_recv_nowait(s->ep_sock[e]);
+            if (!m) break;
+            zframe_t *f = zmsg_last(m);
+            proto_reward_rep_t rep;
+            if (f && proto_reward_rep_decode(zframe_data(f), zframe_size(f), &rep, err) == 0) {
+                for (int i = 0; i < s->n_reqs; i++) {
+                    if (s->reqs[i].id != rep.id) continue;
+                    vreq_t *r = &s->reqs[i];
+                    proto_group_t *gr = &r->vb->b.groups[r->group];
+                    if (rep.error || rep.n != gr->n_samples) {
+                        char why[ERR_LEN];
+                        snprintf(why, sizeof why, "%s", rep.error ? rep.error : "wrong number of rewards");
+                        req_fail(s, i, why);
+                    } else {
+                        for (uint32_t k = 0; k < gr->n_samples; k++) {
+                            double x = rep.rewards[k];
+                            gr->samples[k].reward = (float)(x < 0 ? 0 : x > 1 ? 1 : x);
+                        }
+                        r->vb->outstanding--;
+                        req_done(s, i);
+                    }
+                    break;
+                }
+                proto_reward_rep_free(&rep);
+            } else {
+                log_warn("reward service %s sent a malformed reply (%s)", s->ep_name[e], err);
+            }
+            zmsg_destroy(&m);
+        }
+    }
+    double now = util_now();
+    for (int i = 0; i < s->n_reqs;) {
+        vreq_t *r = &s->reqs[i];
+        if (now < r->deadline) {
+            i++;
+            continue;
+        }
+        const jobspec_t *sp = &r->vb->job->spec;
+        if (r->tries < sp->reward_retries) {
+            r->tries++;
+            r->deadline = now + sp->reward_timeout_ms / 1000.0;
+            send_req(r);
+            i++;
+            continue;
+        }
+        char why[128];
+        snprintf(why, sizeof why, "no reply within %d ms after %d tries", sp->reward_timeout_ms, r->tries + 1);
+        req_fail(s, i, why);
+    }
+}
+
+proto_batch_t *scorer_take(scorer_t *s, bool *job_failed, char *error) {
+    for (int i = 0; i < s->n_batches; i++) {
+        vbatch_t *vb = s->batches[i];
+        if (vb->outstanding > 0) continue;
+        proto_batch_t *b = xmalloc(sizeof *b);
+        *b = vb->b;
+        memset(&vb->b, 0, sizeof vb->b);
+        *job_failed = vb->job_failed || !vb->job->ok;
+        snprintf(error, ERR_LEN, "%s", vb->job_failed ? vb->error : vb->job->ok ? "" : vb->job->error);
+        vbatch_free(vb);
+        s->batches[i] = s->batches[--s->n_batches];
+        return b;
+    }
+    return NULL;
+}
+
+int scorer_pending(const scorer_t *s) { return s->n_batches; }
+double scorer_busy_seconds(const scorer_t *s) { return s->busy; }

@@ -1,0 +1,59 @@
+// test_jobspec.c - job specs: defaults, round trip through JSON, precise errors.
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rl/jobspec.h"
+
+Test(jobspec, defaults_and_round_trip) {
+    jobspec_t s, t;
+    char err[ERR_LEN];
+    cr_assert_eq(jobspec_parse(&s, "{\"task\": \"add2\"}", err), 0, "%s", err);
+    cr_assert_str_eq(s.name, "add2");
+    cr_assert_eq(s.group, 8);
+    cr_assert_eq(s.staleness, 1);
+    cr_assert_eq(jobspec_parse(&s,
+                               "{\"task\": \"rev\", \"name\": \"my job\", \"group\": 4, \"prompts\": 16, \"lr\": 0.001,"
+                               " \"targets\": [\"q\", \"v_proj\"], \"kl\": 0.05, \"staleness\": 0, \"weight\": 2.5,"
+                               " \"reward\": {\"endpoint\": \"tcp://127.0.0.1:9100\", \"timeout_ms\": 500,"
+                               " \"on_failure\": \"fail\"}}",
+                               err),
+                 0, "%s", err);
+    char *js = jobspec_to_json(&s);
+    cr_assert_eq(jobspec_parse(&t, js, err), 0, "%s: %s", err, js);
+    cr_assert_eq(memcmp(&s, &t, sizeof s), 0, "round trip differs: %s", js);
+    cr_assert_eq(t.targets, (1u << 0) | (1u << 2));
+    cr_assert_eq(t.reward_on_failure, REWARD_FAIL_JOB);
+    free(js);
+}
+
+Test(jobspec, precise_errors) {
+    static const struct {
+        const char *json, *want;
+    } cases[] = {
+        {"[1,2]", "JSON object"},
+        {"{\"group\": 4}", "spec.task is required"},
+        {"{\"task\": \"nope\"}", "unknown task 'nope'"},
+        {"{\"task\": \"add2\", \"group\": 1}", "spec.group must be an integer in 2..256"},
+        {"{\"task\": \"add2\", \"group\": 2.5}", "spec.group"},
+        {"{\"task\": \"add2\", \"lr\": -1}", "spec.lr"},
+        {"{\"task\": \"add2\", \"temperature\": 0}", "spec.temperature"},
+        {"{\"task\": \"add2\", \"targets\": [\"qq\"]}", "unknown target qq"},
+        {"{\"task\": \"add2\", \"grup\": 4}", "unknown field 'grup'"},
+        {"{\"task\": \"add2\", \"reward\": {\"endpoint\": \"http://x\"}}", "tcp://"},
+        {"{\"task\": \"add2\", \"reward\": {\"on_failure\": \"maybe\"}}", "on_failure"},
+        {"{\"task\": \"d\", \"dataset\": true, \"verifier\": \"fuzzy\"}", "spec.verifier"},
+        {"{\"task\": 5}", "spec.task must be a non-empty string"},
+        {"not json", "JSON object"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        jobspec_t s;
+        char err[ERR_LEN] = "";
+        cr_assert_eq(jobspec_parse(&s, cases[i].json, err), -1, "accepted: %s", cases[i].json);
+        cr_assert(strstr(err, cases[i].want), "%s: error '%s' lacks '%s'", cases[i].json, err, cases[i].want);
+    }
+    jobspec_t s;
+    char err[ERR_LEN];
+    cr_assert_eq(jobspec_parse(&s, "{\"task\": \"mydata\", \"dataset\": true, \"verifier\": \"numeric:0.5\"}", err), 0,
+                 "%s", err);
+}
