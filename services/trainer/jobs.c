@@ -423,27 +423,29 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
                 continue;
             }
             double compute = pass_s * tokens[r] / (pass_tokens > 0 ? pass_tokens : 1);
+            // mismatch is measured on on-policy groups only; absent when the step had none
             char v[16][40];
-            const char *mf[16] = {"step", "reward", "kl", "clip_frac", "entropy", "ratio", "mismatch", "staleness",
-                                  "tokens", "train_s", "gen_s", "groups", "dropped", "grad_norm", "time"};
+            const char *mf[16] = {"step", "reward", "kl", "clip_frac", "entropy", "ratio", "staleness", "tokens",
+                                  "train_s", "gen_s", "groups", "dropped", "grad_norm", "time", "mismatch"};
             snprintf(v[0], 40, "%u", j->step + 1);
             snprintf(v[1], 40, "%.5f", rew_sum[r] / nsamp[r]);
             snprintf(v[2], 40, "%.6f", ls->kl);
             snprintf(v[3], 40, "%.5f", ls->clip_frac);
             snprintf(v[4], 40, "%.5f", ls->entropy);
             snprintf(v[5], 40, "%.6f", ls->ratio_mean);
-            snprintf(v[6], 40, "%.3g", ls->mismatch);
-            snprintf(v[7], 40, "%.3f", stale_sum[r] / j->spec.prompts);
-            snprintf(v[8], 40, "%.0f", tokens[r]);
-            snprintf(v[9], 40, "%.4f", compute);
-            snprintf(v[10], 40, "%.4f", gen_s[r]);
-            snprintf(v[11], 40, "%d", j->spec.prompts);
-            snprintf(v[12], 40, "%u", j->dropped);
-            snprintf(v[13], 40, "%.4f", gn);
-            snprintf(v[14], 40, "%.3f", (double)time(NULL));
+            snprintf(v[6], 40, "%.3f", stale_sum[r] / j->spec.prompts);
+            snprintf(v[7], 40, "%.0f", tokens[r]);
+            snprintf(v[8], 40, "%.4f", compute);
+            snprintf(v[9], 40, "%.4f", gen_s[r]);
+            snprintf(v[10], 40, "%d", j->spec.prompts);
+            snprintf(v[11], 40, "%u", j->dropped);
+            snprintf(v[12], 40, "%.4f", gn);
+            snprintf(v[13], 40, "%.3f", (double)time(NULL));
+            snprintf(v[14], 40, "%.3g", ls->mismatch);
+            int nm = ls->mismatch_tokens > 0 ? 15 : 14;
             const char *mv[15];
             for (int q = 0; q < 15; q++) mv[q] = v[q];
-            if (publish(t, j, mf, mv, 15, err)) {
+            if (publish(t, j, mf, mv, nm, err)) {
                 logj_error(j->id, "step %u not published (%s); the step is retried with the next data", j->step + 1, err);
                 continue;
             }
@@ -453,8 +455,8 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
             out->dropped = j->dropped;
             j->dropped = 0;
             j->last_used = util_now();
-            logj_info(j->id, "step=%u version=%u reward=%.3f kl=%.4f clip=%.3f mismatch=%.2g staleness=%.2f tokens=%.0f train_s=%.3f",
-                      j->step, j->version, rew_sum[r] / nsamp[r], ls->kl, ls->clip_frac, ls->mismatch,
+            logj_info(j->id, "step=%u version=%u reward=%.3f kl=%.4f clip=%.3f mismatch=%s staleness=%.2f tokens=%.0f train_s=%.3f",
+                      j->step, j->version, rew_sum[r] / nsamp[r], ls->kl, ls->clip_frac, nm == 15 ? v[14] : "-",
                       stale_sum[r] / j->spec.prompts, tokens[r], compute);
             // the consumed groups leave the buffer
             for (int g = 0; g < j->spec.prompts; g++) group_free(&j->buf[g]);
