@@ -19,6 +19,7 @@
 
 #include "common/engine/lora.h"
 #include "common/net/bus.h"
+#include "common/net/jobdata.h"
 #include "common/rl/rl.h"
 #include "common/util/log.h"
 
@@ -58,6 +59,7 @@ typedef struct {
     bool evaluated_final;
     double best_acc;
     bool sync_waiting;     // sync policy: a step's worth issued, waiting for the trainer
+    dataset_t *ds;         // an uploaded dataset, parsed once from Redis on first use
 } sjob_t;
 
 struct sched {
@@ -120,7 +122,10 @@ void sched_destroy(sched_t **ps) {
     if (!ps || !*ps) return;
     sched_t *s = *ps;
     while (s->n_tasks) task_remove(s, 0);
-    for (int i = 0; i < s->n_jobs; i++) free(s->jobs[i]);
+    for (int i = 0; i < s->n_jobs; i++) {
+        dataset_destroy(&s->jobs[i]->ds);
+        free(s->jobs[i]);
+    }
     free(s->jobs);
     free(s->tasks);
     free(s);
@@ -235,25 +240,13 @@ static int issue(sched_t *s, sjob_t *j, proto_kind_t kind, const uint64_t *index
     rl_source_t src = {0};
     proto_item_t *items = xcalloc(n, sizeof *items);
     task_example_t ex = {0};
-    // prompts are rebuilt from (task, split, index); datasets come from Redis once per job
+    // prompts are rebuilt from (task, split, index); a dataset is read from Redis once per job
     if (!j->spec.dataset) {
         src.task = task_find(j->spec.task);
-    } else {
-        char key[256];
-        store_buf_t *lines = NULL;
-        int nl = 0;
-        store_key(s->st, key, sizeof key, "job:%s:data", j->id);
-        if (store_lrange(s->st, key, 0, -1, &lines, &nl, err) == 0) {
-            size_t total = 0;
-            for (int i = 0; i < nl; i++) total += lines[i].len + 1;
-            char *buf = xmalloc(total + 1), *p = buf;
-            for (int i = 0; i < nl; i++) memcpy(p, lines[i].data, lines[i].len), p += lines[i].len, *p++ = '\n';
-            verify_spec_t vs;
-            if (verify_spec_parse(&vs, j->spec.verifier, err) == 0) src.ds = dataset_parse(j->spec.task, buf, (size_t)(p - buf), &vs, err);
-            free(buf);
-            store_bufv_free(&lines, nl);
-        }
+    } else if (!j->ds) {
+        j->ds = jobdata_dataset(s->st, j->id, &j->spec, err);
     }
+    src.ds = j->ds;
     int rc = -1;
     if (!src.task && !src.ds) {
         set_state(s, j, JS_FAILED, err[0] ? err : "task source unavailable");
@@ -290,7 +283,6 @@ static int issue(sched_t *s, sjob_t *j, proto_kind_t kind, const uint64_t *index
 done:
     for (uint32_t i = 0; i < n; i++) free(items[i].prompt);
     free(items);
-    if (src.ds) dataset_destroy(&src.ds);
     return rc;
 }
 
@@ -448,6 +440,7 @@ void sched_tick(sched_t *s) {
             continue;
         }
         drop_tasks(s, j->id);
+        dataset_destroy(&j->ds);
         free(j);
         s->jobs[i] = s->jobs[--s->n_jobs];
     }

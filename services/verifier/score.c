@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/net/bus.h"
+#include "common/net/jobdata.h"
 #include "common/rl/jobspec.h"
 #include "common/rl/rl.h"
 #include "common/util/log.h"
@@ -115,24 +116,9 @@ static vjob_t *job_get(scorer_t *s, const char *id) {
         if (!j->spec.dataset) {
             j->ok = rl_source_open(&j->src, j->spec.task, NULL, NULL, j->error) == 0;
         } else {
-            // the uploaded dataset: one JSONL line per list entry
-            store_buf_t *lines = NULL;
-            int n = 0;
-            store_key(s->st, key, sizeof key, "job:%s:data", id);
-            if (store_lrange(s->st, key, 0, -1, &lines, &n, j->error) == 0) {
-                size_t total = 0;
-                for (int i = 0; i < n; i++) total += lines[i].len + 1;
-                char *buf = xmalloc(total + 1), *p = buf;
-                for (int i = 0; i < n; i++) memcpy(p, lines[i].data, lines[i].len), p += lines[i].len, *p++ = '\n';
-                verify_spec_t vs;
-                if (verify_spec_parse(&vs, j->spec.verifier, j->error) == 0) {
-                    j->src.ds = dataset_parse(j->spec.task, buf, (size_t)(p - buf), &vs, j->error);
-                    snprintf(j->src.name, sizeof j->src.name, "%s", j->spec.task);
-                    j->ok = j->src.ds != NULL;
-                }
-                free(buf);
-                store_bufv_free(&lines, n);
-            }
+            j->src.ds = jobdata_dataset(s->st, id, &j->spec, j->error);
+            snprintf(j->src.name, sizeof j->src.name, "%s", j->spec.task);
+            j->ok = j->src.ds != NULL;
         }
     }
     free(spec);
