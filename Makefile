@@ -141,7 +141,7 @@ valgrind:
 
 valgrind-run: $(UNIT_BIN)
 	MARLAAS_THREADS=1 valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect \
-	  --show-leak-kinds=definite,indirect --trace-children=yes -q $(UNIT_BIN) --jobs 1
+	  --show-leak-kinds=definite,indirect --trace-children=yes --trace-children-skip='*redis-server*' -q $(UNIT_BIN) --jobs 1
 
 bench: all
 	$(BENCH_BIN)
@@ -155,3 +155,24 @@ clean:
 	rm -rf build
 
 -include $(LIB_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(SVC_OBJ:.o=.d) $(BUILD)/obj/bench/bench_engine.d
+
+# --- examples and test tools ---------------------------------------------------------------
+# One binary per .c file, linked like the services against the library:
+#   examples/reward_service.c   -> $(BUILD)/bin/reward_service       (an external reward service)
+#   tools/marlaas-fuzz-send.c   -> $(BUILD)/bin/marlaas-fuzz-send    (sends hostile frames; tests)
+EXAMPLE_SRC  := $(wildcard examples/*.c)
+TOOL_SRC     := $(wildcard tools/*.c)
+EXAMPLE_BINS := $(EXAMPLE_SRC:examples/%.c=$(BUILD)/bin/%)
+TOOL_BINS    := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)
+
+all: $(EXAMPLE_BINS) $(TOOL_BINS)
+
+$(EXAMPLE_BINS): $(BUILD)/bin/%: $(BUILD)/obj/examples/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(TOOL_BINS): $(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+-include $(EXAMPLE_SRC:%.c=$(BUILD)/obj/%.d) $(TOOL_SRC:%.c=$(BUILD)/obj/%.d)

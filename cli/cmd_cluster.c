@@ -21,7 +21,7 @@
 
 typedef struct {
     const char *run, *model, *policy;
-    long port_base, redis_port;
+    long port_base, redis_port, steps;
 } cluster_opts_t;
 
 static const char *services[4] = {"scheduler", "verifier", "trainer", "rollout"};
@@ -223,10 +223,11 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
 }
 
 static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
-    *o = (cluster_opts_t){.run = "run", .model = "models/tiny", .policy = "async", .port_base = 7000};
+    *o = (cluster_opts_t){.run = "run", .model = "models/tiny", .policy = "async", .port_base = 7000, .steps = 100};
     static struct option lo[] = {{"run-dir", required_argument, 0, 'r'}, {"model", required_argument, 0, 'm'},
                                  {"policy", required_argument, 0, 'p'}, {"port-base", required_argument, 0, 'b'},
-                                 {"redis-port", required_argument, 0, 'R'}, {"help", no_argument, 0, 'h'}, {0}};
+                                 {"redis-port", required_argument, 0, 'R'}, {"steps", required_argument, 0, 's'},
+                                 {"help", no_argument, 0, 'h'}, {0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -237,6 +238,8 @@ static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
             if (cli_int("--port-base", optarg, 1024, 65000, &o->port_base)) return -1;
         } else if (c == 'R') {
             if (cli_int("--redis-port", optarg, 1024, 65535, &o->redis_port)) return -1;
+        } else if (c == 's') {
+            if (cli_int("--steps", optarg, 1, 100000, &o->steps)) return -1;
         } else {
             printf("usage: %s\n", usage);
             return c == 'h' ? 1 : -1;
@@ -285,7 +288,7 @@ static int run_cmd(char *const argv[]) {
 
 int cmd_demo(int argc, char **argv) {
     cluster_opts_t o;
-    int rc = parse(argc, argv, &o, "marlaas demo [--run-dir run] [--model models/tiny] [--policy async|sync]");
+    int rc = parse(argc, argv, &o, "marlaas demo [--run-dir run] [--model models/tiny] [--policy async|sync] [--steps 100]");
     if (rc) return rc > 0 ? 0 : 2;
     struct sigaction sa = {.sa_handler = on_int};
     sigemptyset(&sa.sa_mask);
@@ -296,9 +299,10 @@ int cmd_demo(int argc, char **argv) {
     snprintf(envf, sizeof envf, "%s", o.run);
     setenv("MARLAAS_RUN_DIR", o.run, 1);
     rc = 1;
-    static const char *tasks[4] = {"vowels", "pad", "words", "count"};
+    static const char *tasks[4] = {"vowels", "words", "wrap", "rep"};
     static const char *tenants[2] = {"alice", "bob"};
     char tokens[2][128], jobs[4][64];
+    long demo_steps = o.steps;
     client_t *c = client_new(client_endpoint(NULL), admin, 10000, err);
     for (int t = 0; t < 2 && c; t++) {
         proto_args_t a = {0};
@@ -313,8 +317,8 @@ int cmd_demo(int argc, char **argv) {
         c = client_new(client_endpoint(NULL), tokens[i % 2], 10000, err);
         char spec[512];
         snprintf(spec, sizeof spec,
-                 "{\"task\": \"%s\", \"max_steps\": 60, \"prompts\": 16, \"group\": 8, \"temperature\": 1.3,"
-                 " \"eval_every\": 20, \"eval_n\": 200}", tasks[i]);
+                 "{\"task\": \"%s\", \"max_steps\": %ld, \"prompts\": 64, \"group\": 8, \"temperature\": 1.3,"
+                 " \"eval_every\": 25, \"eval_n\": 400}", tasks[i], demo_steps);
         proto_args_t a = {0};
         proto_args_str(&a, "spec", spec);
         proto_rep_t rep;

@@ -54,6 +54,7 @@ int main(int argc, char **argv) {
                        .train_lease_s = atof(svc_extra(&s, "train_lease_s", "60")),
                        .chunk = atoi(svc_extra(&s, "chunk", "8"))};
     if (reports) sc = sched_new(st, work, &mc, &cfg, err);
+    if (sc) sched_set_events(sc, events);
     if (sc) api = api_new(st, sc, svc_get(&s, SVC_ADMIN_TOKEN), svc_get(&s, SVC_MODEL), err);
     if (!api) {
         log_error("%s", err);

@@ -65,6 +65,7 @@ typedef struct {
 struct sched {
     store_t *st;
     zsock_t *work;
+    zsock_t *events;
     hf_config_t model;
     sched_cfg_t cfg;
     sjob_t **jobs;
@@ -87,6 +88,19 @@ static void hset(sched_t *s, const char *job, int n, const char **f, const char 
     if (store_hset(s->st, key, n, f, v, err)) logj_warn(job, "job state not saved: %s", err);
 }
 
+void sched_set_events(sched_t *s, zsock_t *pub) { s->events = pub; }
+
+// One progress event (best effort: PUB drops for slow subscribers by design).
+static void publish(sched_t *s, const sjob_t *j, const char *what, double acc) {
+    if (!s->events) return;
+    char ev[512];
+    int n = snprintf(ev, sizeof ev, "{\"job\":\"%s\",\"event\":\"%s\",\"status\":\"%s\",\"step\":%u,\"version\":%u", j->id,
+                     what, state_name[j->state], j->step, j->version);
+    if (acc >= 0) n += snprintf(ev + n, sizeof ev - (size_t)n, ",\"eval_acc\":%.4f", acc);
+    snprintf(ev + n, sizeof ev - (size_t)n, "}");
+    zsock_send(s->events, "ss", "job", ev);
+}
+
 static void set_state(sched_t *s, sjob_t *j, jstate_t st, const char *error) {
     j->state = st;
     char now[32];
@@ -94,6 +108,7 @@ static void set_state(sched_t *s, sjob_t *j, jstate_t st, const char *error) {
     const char *f[3] = {"status", "updated", "error"}, *v[3] = {state_name[st], now, error ? error : ""};
     hset(s, j->id, error ? 3 : 2, f, v);
     logj_info(j->id, "status %s%s%s", state_name[st], error ? ": " : "", error ? error : "");
+    publish(s, j, "status", -1);
 }
 
 sched_t *sched_new(store_t *st, zsock_t *work, const hf_config_t *model, const sched_cfg_t *cfg, char *err) {
@@ -325,6 +340,7 @@ static void eval_done(sched_t *s, sjob_t *j) {
     logj_info(j->id, "eval step=%u accuracy=%.3f [%.3f, %.3f] n=%llu", j->eval_step, acc, lo, hi,
               (unsigned long long)j->eval_n);
     j->eval_round = 0;
+    publish(s, j, "eval", acc);
     if (acc > j->best_acc) j->best_acc = acc;
     if (j->spec.target_accuracy > 0 && acc >= j->spec.target_accuracy && j->state == JS_RUNNING) {
         drop_tasks(s, j->id);
@@ -490,6 +506,7 @@ void sched_report(sched_t *s, const proto_report_t *r) {
         if (j->at_trainer < 0) j->at_trainer = 0;
         j->last_step_time = util_now();
         j->sync_waiting = false;
+        publish(s, j, "step", -1);
         break;
     case PROTO_REP_JOB_FAILED:
         if (j->state == JS_RUNNING || j->state == JS_QUEUED) {

@@ -37,5 +37,8 @@ void sched_report(sched_t *s, const proto_report_t *r);
 void sched_tick(sched_t *s);
 // Number of jobs queued or running.
 int sched_active(const sched_t *s);
+// Publishes job progress on this PUB socket (topic "job", a JSON object per event: job, tenant
+// is not included; status, step, version, eval results).
+void sched_set_events(sched_t *s, zsock_t *pub);
 
 #endif
