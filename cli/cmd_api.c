@@ -244,7 +244,7 @@ int cmd_jobs(int argc, char **argv) {
     proto_rep_t rep;
     int rc = simple(argc, argv, "job_list", "marlaas jobs [--token T] [--api E]", 0, &rep, &cn);
     if (rc >= 0) return rc;
-    cJSON *arr = cJSON_Parse(proto_args_get_str(&rep.result, "jobs"));
+    cJSON *arr = cJSON_Parse(proto_args_get_text(&rep.result, "jobs"));
     print_jobs(arr);
     cJSON_Delete(arr);
     proto_rep_free(&rep);
@@ -256,7 +256,7 @@ int cmd_status(int argc, char **argv) {
     proto_rep_t rep;
     int rc = simple(argc, argv, "job_status", "marlaas status JOB [--token T] [--api E]", 1, &rep, &cn);
     if (rc >= 0) return rc;
-    cJSON *o = cJSON_Parse(proto_args_get_str(&rep.result, "status"));
+    cJSON *o = cJSON_Parse(proto_args_get_text(&rep.result, "status"));
     char *txt = cJSON_Print(o);
     printf("%s\n", txt ? txt : "{}");
     cJSON_free(txt);
@@ -270,7 +270,7 @@ int cmd_cancel(int argc, char **argv) {
     proto_rep_t rep;
     int rc = simple(argc, argv, "job_cancel", "marlaas cancel JOB [--token T] [--api E]", 1, &rep, &cn);
     if (rc >= 0) return rc;
-    printf("%s\n", proto_args_get_str(&rep.result, "status"));
+    printf("%s\n", proto_args_get_text(&rep.result, "status"));
     proto_rep_free(&rep);
     return 0;
 }
@@ -280,7 +280,7 @@ int cmd_metrics(int argc, char **argv) {
     proto_rep_t rep;
     int rc = simple(argc, argv, "job_metrics", "marlaas metrics JOB [--token T] [--api E]   (JSON lines)", 1, &rep, &cn);
     if (rc >= 0) return rc;
-    cJSON *arr = cJSON_Parse(proto_args_get_str(&rep.result, "metrics")), *e;
+    cJSON *arr = cJSON_Parse(proto_args_get_text(&rep.result, "metrics")), *e;
     cJSON_ArrayForEach(e, arr) {
         char *t = cJSON_PrintUnformatted(e);
         printf("%s\n", t);
@@ -331,7 +331,7 @@ int cmd_watch(int argc, char **argv) {
             client_destroy(&c);
             return 1;
         }
-        cJSON *arr = cJSON_Parse(proto_args_get_str(&rep.result, "jobs")), *j;
+        cJSON *arr = cJSON_Parse(proto_args_get_text(&rep.result, "jobs")), *j;
         proto_rep_free(&rep);
         if (tty && !first) printf("\033[%dA", lines);
         first = false;
@@ -343,7 +343,7 @@ int cmd_watch(int argc, char **argv) {
             proto_args_str(&a, "job", id);
             double reward = -1, stale = 0, eta = -1;
             if (!call(c, "job_metrics", &a, &rep)) {
-                cJSON *m = cJSON_Parse(proto_args_get_str(&rep.result, "metrics")), *e, *last = NULL;
+                cJSON *m = cJSON_Parse(proto_args_get_text(&rep.result, "metrics")), *e, *last = NULL;
                 double t_first = -1, s_first = 0;
                 cJSON_ArrayForEach(e, m) {
                     if (cJSON_GetObjectItem(e, "reward")) {
@@ -394,7 +394,7 @@ static int pull(client_t *c, const char *job, long version, const char *dir, cha
     const proto_val_t *blob = proto_args_get(&rep.result, "blob");
     hf_config_t mc;
     int rc = -1;
-    if (!blob || blob->kind != PROTO_VAL_BIN || hf_config_parse(&mc, proto_args_get_str(&rep.result, "model_config"), err)) {
+    if (!blob || blob->kind != PROTO_VAL_BIN || hf_config_parse(&mc, proto_args_get_text(&rep.result, "model_config"), err)) {
         if (!err[0]) err_set(err, "malformed adapter reply");
         goto done;
     }

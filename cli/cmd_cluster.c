@@ -344,7 +344,7 @@ int cmd_demo(int argc, char **argv) {
             c = client_new(client_endpoint(NULL), tokens[t], 10000, err);
             proto_rep_t rep;
             if (c && client_call(c, "job_list", NULL, &rep, err) == 0) {
-                cJSON *arr = cJSON_Parse(proto_args_get_str(&rep.result, "jobs")), *j;
+                cJSON *arr = cJSON_Parse(proto_args_get_text(&rep.result, "jobs")), *j;
                 cJSON_ArrayForEach(j, arr) {
                     const cJSON *s = cJSON_GetObjectItem(j, "status");
                     if (cJSON_IsString(s) && (!strcmp(s->valuestring, "running") || !strcmp(s->valuestring, "queued")))
@@ -368,7 +368,7 @@ int cmd_demo(int argc, char **argv) {
         proto_args_str(&a, "job", jobs[i]);
         proto_rep_t rep;
         if (c && client_call(c, "job_status", &a, &rep, err) == 0) {
-            cJSON *s = cJSON_Parse(proto_args_get_str(&rep.result, "status"));
+            cJSON *s = cJSON_Parse(proto_args_get_text(&rep.result, "status"));
             double a0 = cJSON_GetNumberValue(cJSON_GetObjectItem(s, "eval_acc0"));
             double a1 = cJSON_GetNumberValue(cJSON_GetObjectItem(s, "eval_acc"));
             double st = cJSON_GetNumberValue(cJSON_GetObjectItem(s, "step"));

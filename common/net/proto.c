@@ -1297,6 +1297,11 @@ const char *proto_args_get_str(const proto_args_t *a, const char *key) {
     return v && v->kind == PROTO_VAL_STR ? v->s : NULL;
 }
 
+const char *proto_args_get_text(const proto_args_t *a, const char *key) {
+    const proto_val_t *v = proto_args_get(a, key);
+    return v && (v->kind == PROTO_VAL_STR || v->kind == PROTO_VAL_BIN) ? v->s : NULL;
+}
+
 bool proto_args_get_int(const proto_args_t *a, const char *key, int64_t *out) {
     const proto_val_t *v = proto_args_get(a, key);
     if (!v || v->kind != PROTO_VAL_INT) return false;

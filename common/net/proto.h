@@ -201,6 +201,9 @@ void proto_args_bin(proto_args_t *a, const char *key, const void *data, size_t l
 // Lookups (NULL / default when absent or of another kind).
 const proto_val_t *proto_args_get(const proto_args_t *a, const char *key);
 const char *proto_args_get_str(const proto_args_t *a, const char *key);
+// A STR or BIN value as NUL-terminated text (BIN carries texts longer than PROTO_MAX_STR,
+// e.g. JSON results); NULL when absent or of another kind.
+const char *proto_args_get_text(const proto_args_t *a, const char *key);
 bool proto_args_get_int(const proto_args_t *a, const char *key, int64_t *out);
 void proto_args_free(proto_args_t *a);
 

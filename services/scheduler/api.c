@@ -126,9 +126,10 @@ static cJSON *job_json(store_kv_t *kv, int n, const char *id, bool with_spec) {
     return o;
 }
 
+// JSON results travel as BIN: a job list or a metrics stream outgrows a string field's cap.
 static void result_json(proto_args_t *res, const char *key, cJSON *o) {
     char *s = cJSON_PrintUnformatted(o);
-    proto_args_str(res, key, s ? s : "null");
+    proto_args_bin(res, key, s ? s : "null", strlen(s ? s : "null"));
     cJSON_free(s);
     cJSON_Delete(o);
 }
@@ -362,7 +363,7 @@ static int op_adapter_get(api_t *a, const char *tenant, bool admin, const proto_
     if (rc < 0) return -1;
     proto_args_int(res, "version", ver);
     proto_args_bin(res, "blob", blob, len);
-    proto_args_str(res, "model_config", a->model_json);
+    proto_args_bin(res, "model_config", a->model_json, strlen(a->model_json));
     free(blob);
     return 0;
 }
@@ -424,7 +425,13 @@ void api_serve(api_t *a, zsock_t *router) {
             proto_req_free(&q);
         }
         proto_buf_t buf = {0};
-        if (proto_rep_encode(&rep, &buf) == 0) bus_send_routed(router, id, delim, &buf);
+        if (proto_rep_encode(&rep, &buf) != 0) {
+            // a result that breaks a protocol cap still gets an answer, never silence
+            proto_rep_t small = {.id = rep.id, .ok = false, .error = "the reply exceeds the protocol's size limits"};
+            log_warn("api: reply to '%s' could not be encoded", rep.ok ? "request" : "error");
+            proto_rep_encode(&small, &buf);
+        }
+        if (buf.len) bus_send_routed(router, id, delim, &buf);
         proto_buf_free(&buf);
         proto_rep_free(&rep);
         zmsg_destroy(&m);

@@ -53,7 +53,8 @@ typedef struct {
     // eval round in progress
     int eval_round;        // 0 = none
     uint32_t eval_step, eval_version;
-    int eval_pending;      // tasks of the round not yet reported
+    int eval_pending;      // tasks of the round sent and not yet reported
+    int eval_next, eval_total;   // examples of the round sent so far / to send
     uint64_t eval_correct, eval_n;
     uint32_t last_eval_step;
     bool evaluated_final;
@@ -250,7 +251,8 @@ int sched_active(const sched_t *s) {
 // --- issuing -----------------------------------------------------------------------------------
 
 // Sends one rollout task; returns 0, or -1 when the rollout queue is full (try later).
-static int issue(sched_t *s, sjob_t *j, proto_kind_t kind, const uint64_t *index, uint32_t n, int round) {
+static int issue(sched_t *s, sjob_t *j, proto_kind_t kind, const uint64_t *index, uint32_t n, int round,
+                 uint32_t version) {
     char err[ERR_LEN];
     rl_source_t src = {0};
     proto_item_t *items = xcalloc(n, sizeof *items);
@@ -273,7 +275,7 @@ static int issue(sched_t *s, sjob_t *j, proto_kind_t kind, const uint64_t *index
         ex.prompt = NULL;
         task_example_free(&ex);
     }
-    proto_task_t t = {.task_id = s->next_task++, .job = j->id, .adapter_version = j->version, .kind = kind,
+    proto_task_t t = {.task_id = s->next_task++, .job = j->id, .adapter_version = version, .kind = kind,
                       .group = kind == PROTO_KIND_EVAL ? 1 : (uint32_t)j->spec.group, .max_new = (uint32_t)j->spec.max_new,
                       .temperature = j->spec.temperature, .top_p = j->spec.top_p, .top_k = (uint32_t)j->spec.top_k,
                       .seed = j->spec.seed * 1000003ull + index[0], .n_items = n, .items = items};
@@ -288,7 +290,7 @@ static int issue(sched_t *s, sjob_t *j, proto_kind_t kind, const uint64_t *index
         s->tasks = xrealloc(s->tasks, sizeof(stask_t) * (size_t)s->cap_tasks);
     }
     stask_t *k = &s->tasks[s->n_tasks++];
-    *k = (stask_t){.id = t.task_id, .kind = kind, .n = n, .version = j->version, .eval_round = round,
+    *k = (stask_t){.id = t.task_id, .kind = kind, .n = n, .version = version, .eval_round = round,
                    .deadline = util_now() + s->cfg.lease_s};
     snprintf(k->job, sizeof k->job, "%s", j->id);
     k->index = xmalloc(sizeof(uint64_t) * n);
@@ -301,21 +303,30 @@ done:
     return rc;
 }
 
+// Starts an eval round on the current version; its tasks are sent by send_evals as the
+// rollout queue takes them (a full queue delays an eval, it never shrinks it).
 static void start_eval(sched_t *s, sjob_t *j) {
     j->eval_round = ++s->next_round;
     j->eval_step = j->step;
     j->eval_version = j->version;
     j->eval_pending = 0;
     j->eval_correct = j->eval_n = 0;
+    j->eval_next = 0;
+    j->eval_total = j->spec.eval_n;
     j->last_eval_step = j->step;
-    uint64_t idx[PROTO_MAX_ITEMS];
-    for (int i0 = 0; i0 < j->spec.eval_n; i0 += 32) {
-        uint32_t n = (uint32_t)(j->spec.eval_n - i0 < 32 ? j->spec.eval_n - i0 : 32);
-        for (uint32_t k = 0; k < n; k++) idx[k] = (uint64_t)(i0 + (int)k);
-        if (issue(s, j, PROTO_KIND_EVAL, idx, n, j->eval_round) == 0) j->eval_pending++;
-        else logj_warn(j->id, "eval task not sent (rollout queue full); the eval covers fewer examples");
+}
+
+// Sends the next chunks of a job's eval round; 0, or -1 when the rollout queue is full.
+static int send_evals(sched_t *s, sjob_t *j) {
+    uint64_t idx[32];
+    while (j->eval_round && j->eval_next < j->eval_total) {
+        uint32_t n = (uint32_t)(j->eval_total - j->eval_next < 32 ? j->eval_total - j->eval_next : 32);
+        for (uint32_t k = 0; k < n; k++) idx[k] = (uint64_t)(j->eval_next + (int)k);
+        if (issue(s, j, PROTO_KIND_EVAL, idx, n, j->eval_round, j->eval_version)) return -1;
+        j->eval_next += (int)n;
+        j->eval_pending++;
     }
-    if (j->eval_pending == 0) j->eval_round = 0;
+    return 0;
 }
 
 static void eval_done(sched_t *s, sjob_t *j) {
@@ -404,7 +415,12 @@ void sched_tick(sched_t *s) {
             free(idx);
             continue;
         }
-        if (issue(s, j, kind, idx, n, round) != 0 && kind == PROTO_KIND_EVAL && --j->eval_pending == 0) eval_done(s, j);
+        uint32_t ver = kind == PROTO_KIND_EVAL ? j->eval_version : j->version;
+        if (issue(s, j, kind, idx, n, round, ver) != 0 && kind == PROTO_KIND_EVAL && --j->eval_pending == 0 &&
+            j->eval_next >= j->eval_total) {
+            logj_warn(j->id, "eval examples of an expired task could not be sent again; the eval covers fewer");
+            eval_done(s, j);
+        }
         free(idx);
     }
     // groups stuck at the trainer (it restarted and lost its buffer)
@@ -430,6 +446,9 @@ void sched_tick(sched_t *s) {
             set_state(s, j, JS_DONE, NULL);
         }
     }
+    // eval rounds go first: they are short and their results decide completion
+    for (int i = 0; i < s->n_jobs; i++)
+        if (s->jobs[i]->state == JS_RUNNING && s->jobs[i]->eval_round && send_evals(s, s->jobs[i])) break;
     // fair share: the job furthest behind (groups issued / weight) gets the next task
     for (int guard = 0; guard < 64; guard++) {
         sjob_t *j = next_job(s);
@@ -439,7 +458,7 @@ void sched_tick(sched_t *s) {
         uint32_t n = (uint32_t)(cap - in_flight < s->cfg.chunk ? cap - in_flight : s->cfg.chunk);
         uint64_t idx[PROTO_MAX_ITEMS];
         for (uint32_t k = 0; k < n; k++) idx[k] = j->next_index + k;
-        if (issue(s, j, PROTO_KIND_TRAIN, idx, n, 0) != 0) break;   // rollout queue full
+        if (issue(s, j, PROTO_KIND_TRAIN, idx, n, 0, j->version) != 0) break;   // rollout queue full
         j->next_index += n;
         j->vtime += n / j->spec.weight;
         if (s->cfg.policy == POLICY_SYNC && j->in_rollout + j->at_trainer >= B) j->sync_waiting = true;
@@ -480,7 +499,7 @@ void sched_report(sched_t *s, const proto_report_t *r) {
             if (round == j->eval_round) {
                 j->eval_correct += r->correct;
                 j->eval_n += r->n;
-                if (--j->eval_pending == 0) eval_done(s, j);
+                if (--j->eval_pending == 0 && j->eval_next >= j->eval_total) eval_done(s, j);
             }
         } else {
             j->in_rollout -= n;

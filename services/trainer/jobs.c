@@ -245,47 +245,51 @@ static void drop_stale(tjob_t *j) {
     j->n_buf = k;
 }
 
-// Publishes version+1 (adapter blob, version pointer, old version removed in one transaction),
-// the optimizer state every optim_every steps, and the step's metrics.
+// Publishes version+1 in ONE Redis transaction: the adapter blob, the version pointer and step,
+// the removal of the version that falls out of the kept window, the optimizer state (every
+// optim_every steps) and the step's metrics. A crash leaves either all of it or none, so a
+// restarted trainer never finds metrics or moments that disagree with the adapter.
 static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int nm, char *err) {
     lora_t *a = lora_pool_get(engine_pool(t->e), j->slot);
-    uint8_t *blob = NULL;
-    size_t len = 0;
+    uint8_t *blob = NULL, *ob = NULL;
+    size_t len = 0, ol = 0;
     if (lora_serialize(a, &blob, &len, err)) return -1;
     uint32_t v = j->version + 1;
-    char kad[256], kjob[256], kold[256], vs[16], ss[16];
+    char kad[256], kjob[256], kold[256], kopt[256], kmet[256], vs[16], ss[16];
     store_key(t->st, kad, sizeof kad, "adapter:%s:%u", j->id, v);
     store_key(t->st, kjob, sizeof kjob, "job:%s", j->id);
+    store_key(t->st, kopt, sizeof kopt, "optim:%s", j->id);
+    store_key(t->st, kmet, sizeof kmet, "metrics:%s", j->id);
     snprintf(vs, sizeof vs, "%u", v);
     snprintf(ss, sizeof ss, "%u", j->step + 1);
     const char *set_argv[3] = {"SET", kad, (const char *)blob};
     size_t set_lens[3] = {3, strlen(kad), len};
     const char *h_argv[6] = {"HSET", kjob, "adapter_version", vs, "step", ss};
-    store_argv_t cmds[3] = {{.argc = 3, .argv = set_argv, .lens = set_lens}, {.argc = 6, .argv = h_argv}};
-    int nc = 2;
     const char *d_argv[2] = {"DEL", kold};
+    const char *o_argv[3] = {"SET", kopt, NULL};
+    size_t o_lens[3] = {3, strlen(kopt), 0};
+    const char *x_argv[6 + 2 * 16] = {"XADD", kmet, "MAXLEN", "~", "10000", "*"};
+    for (int i = 0; i < nm && i < 16; i++) x_argv[6 + 2 * i] = mf[i], x_argv[7 + 2 * i] = mv[i];
+    store_argv_t cmds[5] = {{.argc = 3, .argv = set_argv, .lens = set_lens}, {.argc = 6, .argv = h_argv}};
+    int nc = 2;
     if (v >= (uint32_t)t->cfg.keep_versions) {
         store_key(t->st, kold, sizeof kold, "adapter:%s:%u", j->id, v - (uint32_t)t->cfg.keep_versions);
         cmds[nc++] = (store_argv_t){.argc = 2, .argv = d_argv};
     }
+    if ((j->step + 1) % (uint32_t)t->cfg.optim_every == 0) {
+        optim_serialize(j->opt, &ob, &ol);
+        o_argv[2] = (const char *)ob;
+        o_lens[2] = ol;
+        cmds[nc++] = (store_argv_t){.argc = 3, .argv = o_argv, .lens = o_lens};
+    }
+    cmds[nc++] = (store_argv_t){.argc = 6 + 2 * (nm < 16 ? nm : 16), .argv = x_argv};
     redisReply *r = store_atomic(t->st, nc, cmds, err);
     free(blob);
+    free(ob);
     if (!r) return -1;
     freeReplyObject(r);
     j->version = v;
     j->step++;
-    if (j->step % (uint32_t)t->cfg.optim_every == 0) {
-        uint8_t *ob;
-        size_t ol;
-        optim_serialize(j->opt, &ob, &ol);
-        char ko[256];
-        store_key(t->st, ko, sizeof ko, "optim:%s", j->id);
-        if (store_set(t->st, ko, ob, ol, err)) logj_warn(j->id, "optimizer state not saved: %s", err);
-        free(ob);
-    }
-    char km[256];
-    store_key(t->st, km, sizeof km, "metrics:%s", j->id);
-    if (store_xadd(t->st, km, 10000, nm, mf, mv, NULL, err) != 0) logj_warn(j->id, "metrics not written: %s", err);
     return 0;
 }
 

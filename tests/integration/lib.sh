@@ -12,16 +12,20 @@ BIN=${MARLAAS_BIN:-build/bin}
 M="$BIN/marlaas"
 
 free_port_base() {
-    # a base whose 22 ports are free, from a range the other tests do not use by default
-    local base
+    # a base whose ports are free, below the kernel's range for outgoing connections (an
+    # outgoing connection may hold any port in that range, even one we are about to bind)
+    local lo base span
+    lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    span=$(( (lo - 10100) / 100 ))
+    [ "$span" -ge 1 ] || span=1
     for _ in $(seq 1 50); do
-        base=$(( 20000 + (RANDOM % 400) * 100 ))
-        if ! (ss -ltn 2>/dev/null | awk '{print $4}' | grep -qE ":(${base}|$((base + 1))|$((base + 10))|$((base + 20))|$((base + 21)))\$"); then
+        base=$(( 10000 + (RANDOM % span) * 100 ))
+        if ! (ss -ltn 2>/dev/null | awk '{print $4}' | grep -qE ":(${base}|$((base + 1))|$((base + 2))|$((base + 3))|$((base + 10))|$((base + 20))|$((base + 21)))\$"); then
             echo "$base"
             return
         fi
     done
-    echo 29000
+    echo 10000
 }
 
 cluster_up() {
@@ -70,4 +74,109 @@ job_field() {
 
 svc_pid() {
     awk -v n="$1" '$1==n{print $2}' "$RUN/pids"
+}
+
+# --- restarting services of a running cluster --------------------------------------------------
+#   svc_alive PID                      true while any thread of PID runs (zombies count as gone)
+#   svc_stop NAME [SIGNAL]             signals a service (default TERM) and waits until it is gone
+#   svc_start NAME [service flags]     starts another instance with the settings `marlaas up` used
+#                                      (log $RUN/logs/NAME2.log, NAME3.log, ... in $SVC_LOG), waits
+#                                      until it logs "ready:"
+#   svc_restart NAME [service flags]   svc_stop NAME TERM, then svc_start NAME [flags]
+# svc_start records the new pid in $RUN/pids in place of the old one, so `marlaas down` (and
+# cluster_down) stops it like the rest of the cluster.
+
+svc_alive() {
+    local f st
+    # Orphaned services stay zombies until pid 1 reaps them. The main thread turns zombie while
+    # other threads are still exiting, and the sockets (the ports a restarted service binds)
+    # close only with the last thread: gone means no thread left but zombies.
+    for f in /proc/"$1"/task/*/stat; do
+        st=$(sed 's/.*) //' "$f" 2>/dev/null | cut -d' ' -f1) || continue
+        if [ -n "$st" ] && [ "$st" != Z ]; then return 0; fi
+    done
+    return 1
+}
+
+svc_stop() {
+    local name=$1 sig=${2:-TERM} pid
+    pid=$(svc_pid "$name" | tail -n 1)
+    if [ -z "$pid" ]; then
+        echo "svc_stop: no $name in $RUN/pids" >&2
+        return 1
+    fi
+    kill -s "$sig" "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do
+        svc_alive "$pid" || return 0
+        sleep 0.1
+    done
+    echo "svc_stop: $name (pid $pid) still running 10 s after SIG$sig" >&2
+    return 1
+}
+
+svc_start() {
+    local name=$1 n=2 log pid
+    shift
+    while [ -e "$RUN/logs/$name$n.log" ]; do n=$((n + 1)); done
+    log="$RUN/logs/$name$n.log"
+    SVC_LOG=$log
+    # MARLAAS_POLICY is not in $RUN/env: a caller that started the cluster with --policy sync
+    # exports it before restarting the scheduler
+    (
+        set -a
+        . "$RUN/env"
+        set +a
+        export MARLAAS_THREADS=1 MARLAAS_POLICY="${MARLAAS_POLICY:-async}"
+        exec "$BIN/marlaas-$name" "$@"
+    ) > "$log" 2>&1 < /dev/null &
+    pid=$!
+    # like the services `marlaas up` starts: no job notice from this shell when it is killed
+    disown "$pid"
+    if grep -q "^$name " "$RUN/pids"; then
+        awk -v n="$name" -v p="$pid" '$1 == n {$2 = p} {print}' "$RUN/pids" > "$RUN/pids.new"
+        mv "$RUN/pids.new" "$RUN/pids"
+    else
+        echo "$name $pid" >> "$RUN/pids"
+    fi
+    for _ in $(seq 1 300); do
+        if grep -q " ready: " "$log"; then return 0; fi
+        if ! svc_alive "$pid"; then
+            echo "svc_start: $name exited at start; $log:" >&2
+            cat "$log" >&2
+            return 1
+        fi
+        sleep 0.1
+    done
+    echo "svc_start: $name not ready after 30 s; $log:" >&2
+    cat "$log" >&2
+    return 1
+}
+
+svc_restart() {
+    local name=$1
+    shift
+    svc_stop "$name" TERM
+    svc_start "$name" "$@"
+}
+
+# A free port base (as free_port_base) below the kernel's ephemeral port range, for clusters
+# whose services are restarted: while nothing listens on a port of that range, an outgoing
+# connection (a peer reconnecting, a CLI call) may be given it as its local port, and the
+# restarted service then cannot bind it. Pass it as `cluster_up --port-base "$(low_port_base)"`
+# (the last --port-base wins).
+low_port_base() {
+    local lo base
+    lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    if [ "$lo" -lt 10200 ]; then
+        free_port_base
+        return
+    fi
+    for _ in $(seq 1 50); do
+        base=$(( 10000 + (RANDOM % ((lo - 10100) / 100)) * 100 ))
+        if ! (ss -ltn 2>/dev/null | awk '{print $4}' | grep -qE ":(${base}|$((base + 1))|$((base + 2))|$((base + 3))|$((base + 10))|$((base + 20))|$((base + 21)))\$"); then
+            echo "$base"
+            return
+        fi
+    done
+    echo 30000
 }
