@@ -21,6 +21,7 @@ typedef struct {
     bool ok;
     char error[ERR_LEN];
     double last_used;
+    bool private_copy;        // not in the cache: belongs to the one batch that uses it
 } vjob_t;
 
 typedef struct {
@@ -66,7 +67,13 @@ scorer_t *scorer_new(store_t *st, char *err) {
     return s;
 }
 
+static void vjob_free(vjob_t *j) {
+    rl_source_close(&j->src);
+    free(j);
+}
+
 static void vbatch_free(vbatch_t *vb) {
+    if (vb->job && vb->job->private_copy) vjob_free(vb->job);
     proto_batch_free(&vb->b);
     free(vb);
 }
@@ -74,13 +81,11 @@ static void vbatch_free(vbatch_t *vb) {
 void scorer_destroy(scorer_t **ps) {
     if (!ps || !*ps) return;
     scorer_t *s = *ps;
-    for (int i = 0; i < MAX_JOBS; i++)
-        if (s->jobs[i]) {
-            rl_source_close(&s->jobs[i]->src);
-            free(s->jobs[i]);
-        }
-    for (int i = 0; i < s->n_ep; i++) zsock_destroy(&s->ep_sock[i]);
+    // batches first: they may point at cached jobs
     for (int i = 0; i < s->n_batches; i++) vbatch_free(s->batches[i]);
+    for (int i = 0; i < MAX_JOBS; i++)
+        if (s->jobs[i]) vjob_free(s->jobs[i]);
+    for (int i = 0; i < s->n_ep; i++) zsock_destroy(&s->ep_sock[i]);
     for (int i = 0; i < s->n_reqs; i++) proto_buf_free(&s->reqs[i].payload);
     free(s->batches);
     free(s->reqs);
@@ -88,22 +93,32 @@ void scorer_destroy(scorer_t **ps) {
     *ps = NULL;
 }
 
-// The job's spec and task source, loaded from Redis once (specs never change).
+static bool in_use(const scorer_t *s, const vjob_t *j) {
+    for (int i = 0; i < s->n_batches; i++)
+        if (s->batches[i]->job == j) return true;
+    return false;
+}
+
+// The job's spec and task source, loaded from Redis once (specs never change). The cache keeps
+// MAX_JOBS jobs and evicts the least recently used one that no waiting batch points at; when
+// every cached job is in use, the new one is a private copy owned by its batch.
 static vjob_t *job_get(scorer_t *s, const char *id) {
-    int free_i = -1, old_i = 0;
+    int free_i = -1, old_i = -1;
     for (int i = 0; i < MAX_JOBS; i++) {
         if (s->jobs[i] && !strcmp(s->jobs[i]->id, id)) {
             s->jobs[i]->last_used = util_now();
             return s->jobs[i];
         }
         if (!s->jobs[i] && free_i < 0) free_i = i;
-        if (s->jobs[i] && s->jobs[old_i] && s->jobs[i]->last_used < s->jobs[old_i]->last_used) old_i = i;
     }
     if (free_i < 0) {
-        rl_source_close(&s->jobs[old_i]->src);
-        free(s->jobs[old_i]);
-        s->jobs[old_i] = NULL;
-        free_i = old_i;
+        for (int i = 0; i < MAX_JOBS; i++)
+            if (!in_use(s, s->jobs[i]) && (old_i < 0 || s->jobs[i]->last_used < s->jobs[old_i]->last_used)) old_i = i;
+        if (old_i >= 0) {
+            vjob_free(s->jobs[old_i]);
+            s->jobs[old_i] = NULL;
+            free_i = old_i;
+        }
     }
     vjob_t *j = xcalloc(1, sizeof *j);
     snprintf(j->id, sizeof j->id, "%s", id);
@@ -123,7 +138,8 @@ static vjob_t *job_get(scorer_t *s, const char *id) {
     }
     free(spec);
     if (!j->ok) logj_error(id, "cannot score this job: %s", j->error);
-    s->jobs[free_i] = j;
+    if (free_i >= 0) s->jobs[free_i] = j;
+    else j->private_copy = true;
     return j;
 }
 
