@@ -299,7 +299,7 @@ int cmd_demo(int argc, char **argv) {
     snprintf(envf, sizeof envf, "%s", o.run);
     setenv("MARLAAS_RUN_DIR", o.run, 1);
     rc = 1;
-    static const char *tasks[4] = {"vowels", "words", "wrap", "rep"};
+    static const char *tasks[4] = {"vowels", "len", "wrap", "rep"};
     static const char *tenants[2] = {"alice", "bob"};
     char tokens[2][128], jobs[4][64];
     long demo_steps = o.steps;
@@ -336,6 +336,7 @@ int cmd_demo(int argc, char **argv) {
     for (bool all_done = false; !all_done && !interrupted;) {
         all_done = true;
         printf("\n--- %.0f s ---\n", util_now() - t0);
+        fflush(stdout);   // before the watch children write to the same stream
         for (int t = 0; t < 2 && !interrupted; t++) {
             char tok[160];
             snprintf(tok, sizeof tok, "--token=%.120s", tokens[t]);
