@@ -583,9 +583,10 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
         for (int r = 0; r < c; r++) k->copy(dxf + (size_t)mrow[m0 + r] * D, dxg + (size_t)r * D, sizeof(float) * D);
         if (model_grads) k->gemm(true, false, V, D, c, 1.0f, logits, V, xg, D, 1.0f, gmw.lm_head, D);
     }
+    // lora_grads needs entries only for the slots this batch uses
     bool any_grad = model_grads != NULL;
-    if (lora_grads)
-        for (int s = 0; s < n_groups - 1; s++) any_grad |= lora_grads[s] != NULL;
+    for (int g = 0; lora_grads && g < e->plan.n_seg; g++)
+        if (e->plan.seg[g].slot >= 0) any_grad |= lora_grads[e->plan.seg[g].slot] != NULL;
     if (backward && any_grad) {
         float *dx = dxf + (size_t)N * D;   // zero-filled by alloc
         k->rmsnorm_bwd(dx, model_grads ? gmw.final_norm : NULL, dxf, f.x_out, e->m->w.final_norm, f.rstdf, N, D);

@@ -85,7 +85,8 @@ typedef struct {
 
 // Forward + backward. Losses are token means within each slot (so jobs sharing a pass do not
 // change each other's scale). Gradients ACCUMULATE into model_grads (model arena layout; NULL =
-// base frozen) and lora_grads[slot] (adapter arena layout; NULL entry or array = frozen).
+// base frozen) and lora_grads[slot] (adapter arena layout; NULL entry or array = frozen); the
+// array needs an entry for every slot the batch uses (index = slot).
 // stats (may be NULL) receives per-group statistics at index slot + 1 (0 = base rows) for the
 // first n_stats groups (lora_pool_slots() + 1 covers every slot).
 // Returns 0 or -1 + err (bad input); nothing is accumulated on error.
