@@ -385,7 +385,7 @@ int cmd_watch(int argc, char **argv) {
 // --- adapter pull / generate ---------------------------------------------------------------------
 
 // Fetches a job's adapter (latest or version) and writes it in PEFT layout to dir.
-static int pull(client_t *c, const char *job, long version, const char *dir, char *err) {
+static int pull(client_t *c, const char *job, long version, const char *dir, bool verbose, char *err) {
     proto_args_t a = {0};
     proto_args_str(&a, "job", job);
     if (version >= 0) proto_args_int(&a, "version", version);
@@ -405,7 +405,7 @@ static int pull(client_t *c, const char *job, long version, const char *dir, cha
     }
     int64_t v = 0;
     proto_args_get_int(&rep.result, "version", &v);
-    if (rc == 0) fprintf(stderr, "adapter of %s, version %lld, written to %s (PEFT layout)\n", job, (long long)v, dir);
+    if (rc == 0 && verbose) fprintf(stderr, "adapter of %s, version %lld, written to %s (PEFT layout)\n", job, (long long)v, dir);
 done:
     proto_rep_free(&rep);
     return rc;
@@ -438,7 +438,7 @@ int cmd_adapter(int argc, char **argv) {
     client_t *c = connect_api(cn.api, cn.token, false);
     if (!c) return 1;
     char err[ERR_LEN] = "";
-    int rc = pull(c, argv[optind + 1], version, out, err);
+    int rc = pull(c, argv[optind + 1], version, out, true, err);
     if (rc) fprintf(stderr, "marlaas adapter pull: %s\n", err);
     client_destroy(&c);
     return rc ? 1 : 0;
@@ -479,13 +479,19 @@ int cmd_generate(int argc, char **argv) {
     int slot = -1, rc = 1;
     if (job) {
         client_t *c = connect_api(cn.api, cn.token, false);
-        if (!c || !mkdtemp(tmp) || pull(c, job, -1, tmp, err)) {
+        if (!c || !mkdtemp(tmp) || pull(c, job, -1, tmp, false, err)) {
             if (err[0]) fprintf(stderr, "marlaas generate: %s\n", err);
             client_destroy(&c);
             goto done;
         }
         client_destroy(&c);
         lora_t *a = lora_load(tmp, &rt->model->cfg, kernels_cpu(), err);
+        char path[sizeof tmp + 64];
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", tmp);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/adapter_config.json", tmp);
+        unlink(path);
+        rmdir(tmp);
         if (!a || lora_pool_set(rt->pool, 0, &a, err)) {
             fprintf(stderr, "marlaas generate: %s\n", err);
             lora_destroy(&a);
