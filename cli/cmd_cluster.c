@@ -18,6 +18,7 @@
 #include "cli/cli.h"
 #include "cli/client.h"
 #include "common/net/store.h"
+#include <czmq.h>
 
 typedef struct {
     const char *run, *model, *policy;
@@ -290,6 +291,9 @@ int cmd_demo(int argc, char **argv) {
     cluster_opts_t o;
     int rc = parse(argc, argv, &o, "marlaas demo [--run-dir run] [--model models/tiny] [--policy async|sync] [--steps 100]");
     if (rc) return rc > 0 ? 0 : 2;
+    // czmq installs its own SIGINT handler on first use; ours must be the one in force
+    zsys_init();
+    zsys_handler_set(NULL);
     struct sigaction sa = {.sa_handler = on_int};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
