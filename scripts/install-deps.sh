@@ -5,7 +5,7 @@ set -euo pipefail
 
 PKGS=(build-essential pkg-config
       libopenblas-dev libopenblas-openmp-dev libcjson-dev libcriterion-dev
-      libzmq3-dev libczmq-dev libmsgpack-dev libhiredis-dev libsodium-dev redis-server valgrind)
+      libzmq3-dev libczmq-dev libmsgpack-dev libhiredis-dev libsodium-dev redis-server valgrind iproute2)
 
 missing=()
 for p in "${PKGS[@]}"; do
