@@ -35,7 +35,6 @@ static int call(client_t *c, const char *op, proto_args_t *args, proto_rep_t *re
     return 0;
 }
 
-// Parses --api/--token plus the given options; returns optind or -1.
 typedef struct {
     const char *api, *token;
 } conn_t;

@@ -174,15 +174,13 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     for (int i = 0; ef && i < 9; i++) fprintf(ef, "%s\n", env[i]);
     if (ef) fprintf(ef, "MARLAAS_MODEL=%s\n", o->model), fclose(ef);
     chmod(envf, 0600);
-    char model_env[4200], policy_env[64], api_bind[64];
+    char model_env[4200], policy_env[64];
     snprintf(model_env, sizeof model_env, "MARLAAS_MODEL=%s", o->model);
     snprintf(policy_env, sizeof policy_env, "MARLAAS_POLICY=%s", o->policy);
-    snprintf(api_bind, sizeof api_bind, "MARLAAS_API=tcp://127.0.0.1:%ld", b);
     // Each service gets one thread: on a small machine the rollout and the trainer then each
     // own a core instead of spinning against each other.
     char *extra[13] = {env[0], env[1], env[2], env[3], env[4], env[5], env[6], env[7], env[8],
                        model_env, policy_env, "MARLAAS_THREADS=1", NULL};
-    (void)api_bind;
     for (int i = 0; i < 4; i++) {
         char exe[4200], log[4200];
         snprintf(exe, sizeof exe, "%s/marlaas-%s", bdir, services[i]);
@@ -298,9 +296,8 @@ int cmd_demo(int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    char admin[65], err[ERR_LEN], envf[4200];
+    char admin[65], err[ERR_LEN];
     if (cluster_up(&o, admin)) return 1;
-    snprintf(envf, sizeof envf, "%s", o.run);
     setenv("MARLAAS_RUN_DIR", o.run, 1);
     rc = 1;
     static const char *tasks[4] = {"vowels", "len", "wrap", "rep"};

@@ -143,6 +143,10 @@ int cmd_train_local(int argc, char **argv) {
     lora_t *a = lora_new(mc, &pc, kernels_cpu(), (uint64_t)o.seed, err);
     if (!a || lora_pool_set(rt->pool, 0, &a, err)) {
         fprintf(stderr, "marlaas train-local: %s\n", err);
+        lora_destroy(&a);
+        if (mf) fclose(mf);
+        rl_runtime_close(&rt);
+        rl_source_close(&src);
         return 1;
     }
     lora_t *ad = lora_pool_get(rt->pool, 0);

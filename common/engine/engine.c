@@ -273,14 +273,10 @@ int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, flo
             for (int t = 0; t < s->n_tokens; t++) e->lrow[M++] = e->seq_row0[i] + t;
     }
     if (M == 0) return 0;
-    float *xg = a.xn1, *xf = a.q;   // free by now; both hold at least N*D floats (Qd >= D not assumed)
-    if (Qd < D) xf = a.g;           // F >= D is not assumed either; fall back to a fresh buffer
-    float *tmp = NULL;
-    if (Qd < D && F < D) xf = tmp = k->alloc(sizeof(float) * (size_t)M * D);
+    float *xg = a.xn1;   // free by now, N*D floats; rmsnorm works in place (element-wise)
     for (int r = 0; r < M; r++) k->copy(xg + (size_t)r * D, a.x_in + (size_t)e->lrow[r] * D, sizeof(float) * D);
-    k->rmsnorm(xf, NULL, xg, e->m->w.final_norm, M, D, cf->rms_norm_eps);
-    k->gemm(false, true, M, cf->vocab_size, D, 1.0f, xf, D, e->m->w.lm_head, D, 0.0f, logits, cf->vocab_size);
-    if (tmp) k->free(tmp);
+    k->rmsnorm(xg, NULL, xg, e->m->w.final_norm, M, D, cf->rms_norm_eps);
+    k->gemm(false, true, M, cf->vocab_size, D, 1.0f, xg, D, e->m->w.lm_head, D, 0.0f, logits, cf->vocab_size);
     return 0;
 }
 

@@ -140,7 +140,7 @@ int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int n, int m
     memset(out, 0, sizeof *out);
     task_example_t *ex = xcalloc((size_t)n, sizeof *ex);
     int *handle = xcalloc((size_t)n, sizeof(int));
-    int rc = -1, submitted = 0;
+    int rc = -1;
     const char *nl = "\n";
     for (int i = 0; i < n; i++) {
         handle[i] = rl_source_example(src, TASK_EVAL, (uint64_t)i, &ex[i]);
@@ -158,7 +158,6 @@ int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int n, int m
             if (rq.max_new_tokens < 1) err_set(err, "eval prompt %d does not fit the model's context", i);
             goto done;
         }
-        submitted++;
     }
     if (gen_run(rt->gen, err)) goto done;
     gen_result_t *r;
@@ -181,7 +180,6 @@ done:
     for (int i = 0; i < n; i++) task_example_free(&ex[i]);
     free(ex);
     free(handle);
-    (void)submitted;
     if (rc == 0) {
         out->acc = out->n ? (double)out->correct / out->n : 0.0;
         rl_wilson(out->correct, out->n, &out->lo, &out->hi);

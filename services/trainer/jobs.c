@@ -20,7 +20,6 @@ typedef struct {
     int32_t *prompt;
     uint32_t n_samples;
     proto_sample_t *samples;
-    float temperature;
     double gen_seconds;          // share of the rollout compute spent on this group
 } tgroup_t;
 
@@ -223,7 +222,6 @@ int tjobs_add(tjobs_t *t, proto_batch_t *m, char *err) {
         proto_group_t *pg = &m->groups[g];
         j->buf[j->n_buf++] = (tgroup_t){.version = m->adapter_version, .task_id = m->task_id, .n_prompt = pg->n_prompt,
                                         .prompt = pg->prompt, .n_samples = pg->n_samples, .samples = pg->samples,
-                                        .temperature = m->temperature,
                                         .gen_seconds = m->gen_seconds / (m->n_groups ? m->n_groups : 1)};
         pg->prompt = NULL, pg->samples = NULL, pg->n_samples = 0;
     }
@@ -333,7 +331,6 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
     int *nsamp = xcalloc((size_t)n_ready, sizeof(int));
     float *grads_by_slot[256] = {0};
     int k = 0;
-    float temperature = 1.0f;
     for (int r = 0; r < n_ready; r++) {
         tjob_t *j = ready[r];
         kernels_cpu()->zero(j->grad, sizeof(float) * lora_pool_get(engine_pool(t->e), j->slot)->n_params);
@@ -345,7 +342,6 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
             rl_group_advantages(rw, (int)gr->n_samples, j->spec.std_norm, adv);
             stale_sum[r] += j->version - gr->version;
             gen_s[r] += gr->gen_seconds;
-            temperature = gr->temperature;
             for (uint32_t s = 0; s < gr->n_samples; s++, k++) {
                 const proto_sample_t *ps = &gr->samples[s];
                 int len = (int)(gr->n_prompt + ps->n);
@@ -383,7 +379,6 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
         for (int r = r0; r < r1; r++) count += nsamp[r];
         loss_cfg_t lc = {.kind = LOSS_RL, .temperature = s0->temperature, .clip_low = s0->clip_low,
                          .clip_high = s0->clip_high, .kl_coef = s0->kl};
-        (void)temperature;
         int nst = lora_pool_slots(engine_pool(t->e)) + 1;
         loss_stats_t *st = xcalloc((size_t)nst, sizeof *st);
         double tp = util_now();
