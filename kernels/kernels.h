@@ -28,8 +28,18 @@ typedef struct {
 
 // Packed causal attention (training path): sequence s occupies rows start[s] .. start[s]+len[s]-1
 // of q (N, H*hd), k and v (N, KV*hd); token t of a sequence attends to tokens 0..t of it.
+//
+// Shared prefixes (pre_start and pre_len both given; NULL = none): sequence s's queries first
+// attend to the pre_len[s] K/V rows pre_start[s] .. pre_start[s]+pre_len[s]-1 (positions
+// 0..pre_len[s]-1), then causally to its own rows; its own row t sits at position pre_len[s]+t.
+// pre_len[s] = 0 means no prefix for s. Prefix rows may be rows of any sequence of the batch
+// (usually the first rows of a sequence without a prefix), and many sequences may share them: the
+// backward then sums their contributions into the prefix rows' dk/dv.
+// Sizes: len[s] >= 1, pre_len[s] >= 0, every row index < n_tokens, any head_dim, n_heads a
+// multiple of n_kv_heads. max_len is the longest context, max over s of pre_len[s] + len[s].
 typedef struct {
     const int *start, *len;
+    const int *pre_start, *pre_len;
     int n_seqs, n_tokens, n_heads, n_kv_heads, head_dim;
     int max_len;
 } kern_packed_attn_t;

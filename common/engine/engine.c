@@ -308,6 +308,37 @@ static int validate_train(engine_t *e, const engine_train_seq_t *seqs, int n, ch
             for (int t = 1; t < s->len; t++)
                 if (!(s->weight[t] >= 0.0f) || !isfinite(s->weight[t]))
                     return err_set(err, "training sequence %d: weight[%d] must be finite and >= 0", i, t);
+        if (s->prefix_of == 0) {
+            if (s->prefix_len != 0)
+                return err_set(err, "training sequence %d: prefix_len %d without a prefix sequence (prefix_of = 0)",
+                               i, s->prefix_len);
+            continue;
+        }
+        if (s->prefix_of < 1 || s->prefix_of > i)
+            return err_set(err, "training sequence %d: prefix_of %d must name an earlier sequence (1..%d) or be 0", i,
+                           s->prefix_of, i);
+        int k = s->prefix_of - 1;
+        const engine_train_seq_t *p = &seqs[k];
+        if (p->prefix_of != 0)
+            return err_set(err, "training sequence %d: its prefix sequence %d has a prefix itself (one level only)",
+                           i, k);
+        if (p->slot != s->slot)
+            return err_set(err, "training sequence %d: slot %d differs from the slot %d of its prefix sequence %d", i,
+                           s->slot, p->slot, k);
+        if (s->prefix_len < 1 || s->prefix_len >= s->len)
+            return err_set(err, "training sequence %d: prefix_len %d must be in 1..len-1 (len %d)", i, s->prefix_len,
+                           s->len);
+        if (s->prefix_len > p->len)
+            return err_set(err, "training sequence %d: prefix_len %d exceeds the length %d of its prefix sequence %d",
+                           i, s->prefix_len, p->len, k);
+        for (int t = 0; t < s->prefix_len; t++)
+            if (s->tokens[t] != p->tokens[t])
+                return err_set(err, "training sequence %d: token %d differs from its prefix sequence %d", i, t, k);
+        if (s->weight)
+            for (int t = 1; t <= s->prefix_len; t++)
+                if (s->weight[t] != 0.0f)
+                    return err_set(err, "training sequence %d: weight[%d] must be 0 within the shared prefix "
+                                   "(t <= prefix_len %d)", i, t, s->prefix_len);
     }
     return 0;
 }
@@ -327,28 +358,37 @@ static int train_forward(engine_t *e, const engine_train_seq_t *seqs, int n, tra
     const hf_config_t *cf = &e->m->cfg;
     int L = cf->num_hidden_layers, D = cf->hidden_size, F = cf->intermediate_size, H = cf->num_attention_heads;
     int Qd = H * cf->head_dim, KVd = cf->num_key_value_heads * cf->head_dim;
+    // A sequence with a shared prefix has rows for its tokens prefix_len .. len-1 only.
     int N = 0, max_len = 0;
+    bool shared = false;
     for (int i = 0; i < n; i++) {
-        N += seqs[i].len;
+        N += seqs[i].len - seqs[i].prefix_len;
         if (seqs[i].len > max_len) max_len = seqs[i].len;
+        shared |= seqs[i].prefix_of != 0;
     }
-    ensure_idx(e, (size_t)(N > 2 * n ? N : 2 * n));
+    ensure_idx(e, (size_t)(N > 4 * n ? N : 4 * n));
     int *slot_of = e->tab_seq;
     for (int i = 0; i < n; i++) slot_of[i] = seqs[i].slot;
     order_by_slot(e->order, slot_of, n);
-    // row_seq holds start (first n) and len (next n) of the ordered sequences.
-    int *start = e->row_seq, *len = e->row_seq + n;
+    // row_seq holds start, len, prefix start and prefix length (n each) of the ordered sequences.
+    int *start = e->row_seq, *len = e->row_seq + n, *pre_start = e->row_seq + 2 * n, *pre_len = e->row_seq + 3 * n;
     int row = 0;
     for (int j = 0; j < n; j++) {
-        int i = e->order[j];
+        int i = e->order[j], t0 = seqs[i].prefix_len;
         start[j] = row;
-        len[j] = seqs[i].len;
+        len[j] = seqs[i].len - t0;
         e->seq_row0[i] = row;
-        for (int t = 0; t < seqs[i].len; t++, row++) {
+        for (int t = t0; t < seqs[i].len; t++, row++) {
             e->tok[row] = seqs[i].tokens[t];
             e->pos[row] = t;
             e->row_slot[row] = seqs[i].slot;
         }
+    }
+    // A prefixed sequence attends to the first prefix_len rows of its prefix sequence.
+    for (int j = 0; shared && j < n; j++) {
+        int i = e->order[j];
+        pre_len[j] = seqs[i].prefix_len;
+        pre_start[j] = seqs[i].prefix_of ? e->seq_row0[seqs[i].prefix_of - 1] : 0;
     }
     if (lora_plan_build(&e->plan, e->row_slot, N, e->pool, err)) return -1;
     int R = e->plan.max_rank;
@@ -380,7 +420,8 @@ static int train_forward(engine_t *e, const engine_train_seq_t *seqs, int n, tra
     f->rstdf = p;
     float *scratch = buf_get(k, &e->scratch, (size_t)N * (R > 0 ? R : 1));
 
-    f->pk = (kern_packed_attn_t){.start = start, .len = len, .n_seqs = n, .n_tokens = N, .n_heads = H,
+    f->pk = (kern_packed_attn_t){.start = start, .len = len, .pre_start = shared ? pre_start : NULL,
+                                 .pre_len = shared ? pre_len : NULL, .n_seqs = n, .n_tokens = N, .n_heads = H,
                                  .n_kv_heads = cf->num_key_value_heads, .head_dim = cf->head_dim, .max_len = max_len};
     fwd_ctx_t c = {.N = N, .pos = e->pos, .packed = &f->pk};
     k->embed(f->layers[0].x_in, e->m->w.embed, e->tok, N, D);
@@ -481,27 +522,30 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
     if (train_forward(e, seqs, n, &f, err)) return -1;
     int N = f.N;
 
-    // Rows whose logits are needed: hidden row (start + t - 1) predicts tokens[t].
+    // Rows whose logits are needed: hidden row (start + t - 1) predicts tokens[t]; a sequence with
+    // a shared prefix has rows from token prefix_len on, so its own rows predict t >= prefix_len + 1.
     int M = 0;
     for (int i = 0; i < n; i++)
-        for (int t = 1; t < seqs[i].len; t++)
+        for (int t = seqs[i].prefix_len + 1; t < seqs[i].len; t++)
             if (mode == RUN_LOGPROBS || (seqs[i].weight && seqs[i].weight[t] > 0.0f)) M++;
     int *mseq = xmalloc(sizeof(int) * (size_t)(M + 1)), *mt = xmalloc(sizeof(int) * (size_t)(M + 1));
     int32_t *mrow = xmalloc(sizeof(int32_t) * (size_t)(M + 1)), *mtgt = xmalloc(sizeof(int32_t) * (size_t)(M + 1));
     double *gw = xcalloc((size_t)n_groups, sizeof(double));
     M = 0;
     for (int i = 0; i < n; i++)
-        for (int t = 1; t < seqs[i].len; t++)
+        for (int t = seqs[i].prefix_len + 1; t < seqs[i].len; t++)
             if (mode == RUN_LOGPROBS || (seqs[i].weight && seqs[i].weight[t] > 0.0f)) {
-                mseq[M] = i, mt[M] = t, mrow[M] = e->seq_row0[i] + t - 1, mtgt[M] = seqs[i].tokens[t];
+                mseq[M] = i, mt[M] = t, mrow[M] = e->seq_row0[i] + t - 1 - seqs[i].prefix_len;
+                mtgt[M] = seqs[i].tokens[t];
                 if (mode == RUN_TRAIN) gw[seqs[i].slot + 1] += seqs[i].weight[t];
                 M++;
             }
     if (mode == RUN_LOGPROBS)
-        for (int i = 0; i < n; i++) {
-            logp_out[i][0] = 0.0f;
-            if (ent_out && ent_out[i]) ent_out[i][0] = 0.0f;
-        }
+        for (int i = 0; i < n; i++)
+            for (int t = 0; t <= seqs[i].prefix_len; t++) {
+                logp_out[i][t] = 0.0f;
+                if (ent_out && ent_out[i]) ent_out[i][t] = 0.0f;
+            }
     loss_stats_t *stats = out_stats ? xcalloc((size_t)n_groups, sizeof(loss_stats_t)) : NULL;
     bool backward = mode == RUN_TRAIN && M > 0;
     float *dxf = NULL;

@@ -58,16 +58,32 @@ typedef struct {
 
 // A full sequence starting at position 0. Token t (t >= 1) is predicted from tokens < t;
 // arrays indexed by t, entry 0 unused.
+//
+// Shared prefix (GRPO: G samples of one prompt): a sequence with prefix_of = k + 1 shares its first
+// prefix_len tokens with the earlier sequence seqs[k] of the same call, whose rows for them are
+// computed once and serve every sequence that names it. Such a sequence adds rows only for its
+// tokens prefix_len .. len-1 (positions prefix_len .. len-1), attending to seqs[k]'s first
+// prefix_len rows and then to its own; gradients through the shared rows are summed over the
+// sequences sharing them, so loss, statistics and gradients equal those of the same sequences
+// without sharing (up to float rounding). tokens still holds the whole sequence. Rules (checked,
+// -1 + err otherwise): k < own index; seqs[k] has no prefix itself and the same slot;
+// 1 <= prefix_len < len and prefix_len <= seqs[k].len; tokens[0 .. prefix_len-1] equal seqs[k]'s;
+// weight[t] = 0 for t <= prefix_len (token prefix_len is predicted by a row of seqs[k], which is not
+// used for this sequence's loss: callers share prompt_len - 1 tokens so that the prompt's last
+// token, which predicts the first completion token, is a row of each sample). prefix_of = 0 (what
+// a zero-initialised struct holds) means no prefix, and then prefix_len must be 0.
 typedef struct {
     const int32_t *tokens;
     int len;               // >= 1
     int slot;              // adapter slot, -1 = base
     const float *weight;   // (len) loss weight of token t (0 = no loss: prompt, observation); NULL = none
-    const float *old_logp; // (len) behaviour log-probs (RL)
-    const float *ref_logp; // (len) reference log-probs for KL (RL with kl_coef > 0)
+    const float *old_logp; // (len) behaviour log-probs (RL); read only where weight > 0
+    const float *ref_logp; // (len) reference log-probs for KL (RL with kl_coef > 0); read only where weight > 0
     float advantage;       // sequence advantage (RL)
     bool on_policy;        // sampled with the current parameters: |logp - old_logp| measures
                            // the rollout/trainer log-prob mismatch (loss_stats_t.mismatch)
+    int prefix_of;         // 0 = none; k + 1 = shares the first prefix_len tokens of seqs[k] (above)
+    int prefix_len;
 } engine_train_seq_t;
 
 // Token means over the weighted tokens of one group (an adapter slot).
@@ -94,7 +110,9 @@ int engine_train(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_
                  float *const *lora_grads, loss_stats_t *stats, int n_stats, char *err);
 
 // Forward only: logp[s][t] = log softmax(logits_{t-1} / T)[tokens[t]] for t >= 1 (logp[s][0] = 0),
-// entropy likewise when not NULL. Uses the same code path as engine_train.
+// entropy likewise when not NULL. Uses the same code path as engine_train. For a sequence with a
+// shared prefix, logp and entropy are defined for t >= prefix_len + 1 (the tokens its own rows
+// predict) and 0 for t <= prefix_len.
 int engine_logprobs(engine_t *e, const engine_train_seq_t *seqs, int n, float temperature, float *const *logp,
                     float *const *entropy, char *err);
 

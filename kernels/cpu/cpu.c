@@ -272,22 +272,30 @@ static void cpu_attn_fwd(float *out, float *lse, const float *q, const float *k,
                          const kern_packed_attn_t *a) {
     int H = a->n_heads, hd = a->head_dim, grp = a->n_heads / a->n_kv_heads, kvd = a->n_kv_heads * hd;
     float scale = 1.0f / sqrtf((float)hd);
+    bool pre = a->pre_start && a->pre_len;
 #pragma omp parallel
     {
         attn_scratch_t sc = scratch_new(a->max_len);
 #pragma omp for schedule(dynamic, 1)
         for (int s = 0; s < a->n_seqs; s++) {
+            // context = the prefix rows (if any), then the sequence's own rows
+            int np = pre ? a->pre_len[s] : 0;
             for (int kh = 0; kh < a->n_kv_heads; kh++) {
-                size_t base = (size_t)a->start[s] * kvd + (size_t)kh * hd;
+                size_t koff = (size_t)kh * hd, base = (size_t)a->start[s] * kvd + koff;
+                for (int p = 0; p < np; p++) {
+                    size_t off = (size_t)(a->pre_start[s] + p) * kvd + koff;
+                    sc.kp[p] = k + off;
+                    sc.vp[p] = v + off;
+                }
                 for (int p = 0; p < a->len[s]; p++) {
-                    sc.kp[p] = k + base + (size_t)p * kvd;
-                    sc.vp[p] = v + base + (size_t)p * kvd;
+                    sc.kp[np + p] = k + base + (size_t)p * kvd;
+                    sc.vp[np + p] = v + base + (size_t)p * kvd;
                 }
                 for (int t = 0; t < a->len[s]; t++) {
                     size_t i = (size_t)a->start[s] + t;
                     for (int h = kh * grp; h < (kh + 1) * grp; h++)
-                        lse[i * H + h] = attn_row(out + (i * H + h) * hd, q + (i * H + h) * hd, sc.kp, sc.vp, t + 1,
-                                                  hd, scale, sc.scores);
+                        lse[i * H + h] = attn_row(out + (i * H + h) * hd, q + (i * H + h) * hd, sc.kp, sc.vp,
+                                                  np + t + 1, hd, scale, sc.scores);
                 }
             }
         }
@@ -299,7 +307,115 @@ static void cpu_attn_fwd(float *out, float *lse, const float *q, const float *k,
 //   P_tj = exp(s_tj - lse_t), dP_tj = dout_t . v_j, D_t = dout_t . out_t,
 //   dS_tj = P_tj (dP_tj - D_t), dq_t = scale sum_j dS_tj k_j,
 //   dk_j += scale dS_tj q_t, dv_j += P_tj dout_t.
-// Parallel over (sequence, kv head) so that every thread owns the dk/dv rows it writes.
+// One (query t, key j) term of it, for one head; qh, doh, dqh belong to t, kj, vj, dkj, dvj to j.
+static inline __attribute__((always_inline)) void attn_bwd_pair(float *restrict dqh, float *restrict dkj,
+                                                                float *restrict dvj, const float *qh,
+                                                                const float *doh, const float *kj, const float *vj,
+                                                                float L, float D, float scale, int hd) {
+    float P = expf(dot(qh, kj, hd) * scale - L);
+    float dP = dot(doh, vj, hd);
+    float dS = P * (dP - D) * scale;
+    for (int d = 0; d < hd; d++) {
+        dqh[d] += dS * kj[d];
+        dkj[d] += dS * qh[d];
+        dvj[d] += P * doh[d];
+    }
+}
+
+// Backward of sequence s for kv head kh when s has pre_len[s] prefix rows: its queries' dq, and
+// dk/dv of its own rows and of its prefix rows (accumulated).
+static void attn_bwd_prefixed(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                              const float *q, const float *k, const float *v, const kern_packed_attn_t *a, int s,
+                              int kh) {
+    int H = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = H / KV, kvd = KV * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    size_t base = (size_t)a->start[s], pbase = (size_t)a->pre_start[s], koff = (size_t)kh * hd;
+    int np = a->pre_len[s];
+    for (int g = 0; g < grp; g++) {
+        int h = kh * grp + g;
+        for (int t = 0; t < a->len[s]; t++) {
+            size_t i = base + t;
+            const float *qh = q + (i * H + h) * hd, *doh = dout + (i * H + h) * hd, *oh = out + (i * H + h) * hd;
+            float *dqh = dq + (i * H + h) * hd;
+            float L = lse[i * H + h];
+            float D = dot(doh, oh, hd);
+            for (int j = 0; j < np; j++) {
+                size_t r = (pbase + j) * kvd + koff;
+                attn_bwd_pair(dqh, dk + r, dv + r, qh, doh, k + r, v + r, L, D, scale, hd);
+            }
+            for (int j = 0; j <= t; j++) {
+                size_t r = (base + j) * kvd + koff;
+                attn_bwd_pair(dqh, dk + r, dv + r, qh, doh, k + r, v + r, L, D, scale, hd);
+            }
+        }
+    }
+}
+
+// Row range [lo, hi) that sequence seq writes dk/dv into.
+typedef struct {
+    int lo, hi, seq;
+} attn_span_t;
+
+static int span_cmp(const void *x, const void *y) {
+    const attn_span_t *a = x, *b = y;
+    if (a->lo != b->lo) return a->lo < b->lo ? -1 : 1;
+    return a->seq < b->seq ? -1 : a->seq > b->seq;
+}
+
+static int uf_find(int *parent, int x) {
+    while (parent[x] != x) x = parent[x] = parent[parent[x]];
+    return x;
+}
+
+// Groups the sequences whose dk/dv rows (own rows and prefix rows) overlap, transitively, so that
+// one task owns every dk/dv row it writes and no two threads add into the same row. Fills order
+// (n_seqs) with the sequences group after group, increasing within a group (a fixed summation
+// order: results do not depend on the thread count), and grp0 (n_seqs + 1) with the groups'
+// offsets into order. Returns the number of groups.
+static int attn_write_groups(const kern_packed_attn_t *a, int *order, int *grp0) {
+    int n = a->n_seqs, ns = 0;
+    attn_span_t *sp = malloc(sizeof(attn_span_t) * (size_t)(2 * n + 1));
+    int *parent = malloc(sizeof(int) * (size_t)(2 * n + 1)), *id = parent + n;
+    if (!sp || !parent) {
+        fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
+        abort();
+    }
+    for (int s = 0; s < n; s++) {
+        parent[s] = s;
+        if (a->len[s] > 0) sp[ns++] = (attn_span_t){a->start[s], a->start[s] + a->len[s], s};
+        if (a->pre_len[s] > 0) sp[ns++] = (attn_span_t){a->pre_start[s], a->pre_start[s] + a->pre_len[s], s};
+    }
+    qsort(sp, (size_t)ns, sizeof *sp, span_cmp);
+    for (int i = 0, hi = -1, rep = -1; i < ns; i++) {
+        if (sp[i].lo < hi) {
+            int x = uf_find(parent, sp[i].seq), y = uf_find(parent, rep);
+            if (x != y) parent[x > y ? x : y] = x < y ? x : y;
+            if (sp[i].hi > hi) hi = sp[i].hi;
+        } else {
+            hi = sp[i].hi;
+            rep = sp[i].seq;
+        }
+    }
+    int ng = 0;
+    for (int s = 0; s < n; s++) id[s] = -1;
+    for (int s = 0; s <= n; s++) grp0[s] = 0;
+    for (int s = 0; s < n; s++) {
+        int r = uf_find(parent, s);
+        if (id[r] < 0) id[r] = ng++;
+        grp0[id[r] + 1]++;
+    }
+    for (int g = 0; g < ng; g++) grp0[g + 1] += grp0[g];
+    // fill: grp0[g] doubles as the cursor of group g, restored afterwards
+    for (int s = 0; s < n; s++) order[grp0[id[uf_find(parent, s)]]++] = s;
+    for (int g = ng; g > 0; g--) grp0[g] = grp0[g - 1];
+    grp0[0] = 0;
+    free(sp);
+    free(parent);
+    return ng;
+}
+
+// Parallel over (sequence, kv head) so that every thread owns the dk/dv rows it writes; with
+// shared prefixes over (group of sequences writing the same rows, kv head).
 static void cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                          const float *q, const float *k, const float *v, const kern_packed_attn_t *a) {
     int H = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = H / KV, kvd = KV * hd;
@@ -307,6 +423,21 @@ static void cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, con
     memset(dq, 0, sizeof(float) * (size_t)a->n_tokens * H * hd);
     memset(dk, 0, sizeof(float) * (size_t)a->n_tokens * kvd);
     memset(dv, 0, sizeof(float) * (size_t)a->n_tokens * kvd);
+    if (a->pre_start && a->pre_len) {
+        int *order = malloc(sizeof(int) * (size_t)(2 * a->n_seqs + 1)), *grp0 = order + a->n_seqs;
+        if (!order) {
+            fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
+            abort();
+        }
+        int ng = attn_write_groups(a, order, grp0);
+#pragma omp parallel for schedule(dynamic, 1) collapse(2)
+        for (int g = 0; g < ng; g++)
+            for (int kh = 0; kh < KV; kh++)
+                for (int m = grp0[g]; m < grp0[g + 1]; m++)
+                    attn_bwd_prefixed(dq, dk, dv, dout, out, lse, q, k, v, a, order[m], kh);
+        free(order);
+        return;
+    }
 #pragma omp parallel for schedule(dynamic, 1) collapse(2)
     for (int s = 0; s < a->n_seqs; s++) {
         for (int kh = 0; kh < KV; kh++) {

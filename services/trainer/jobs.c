@@ -302,6 +302,12 @@ static void fail_job(tjobs_t *t, tjob_t *j, const char *why, tjobs_result_t *r) 
     job_free(t, &t->jobs[j->slot]);
 }
 
+// 1 when the group's samples share its prompt as a prefix sequence (a prompt of one token has
+// nothing to share: its only token must be a row of each sample).
+static int share_prompt(const tjobs_t *t, const tgroup_t *g) {
+    return t->cfg.shared_prefix && g->n_prompt >= 2 && g->n_samples > 0;
+}
+
 int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
     int L = t->cfg.max_jobs, n_ready = 0;
     tjob_t *ready[256];
@@ -319,16 +325,20 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
     }
     if (!n_ready) return 0;
     double t0 = util_now();
-    // Build one mixed batch: for each ready job its B oldest groups, every sample a sequence.
+    // Build one mixed batch: for each ready job its B oldest groups, every sample a sequence. With
+    // shared prefixes a group also gets a sequence of its prompt less the last token, computed once
+    // and attended to by its samples, which hold only the prompt's last token and the completion
+    // as rows of their own (the last prompt token's row predicts the first completion token).
     int n_seq = 0;
     for (int r = 0; r < n_ready; r++)
-        for (int g = 0; g < ready[r]->spec.prompts; g++) n_seq += (int)ready[r]->buf[g].n_samples;
+        for (int g = 0; g < ready[r]->spec.prompts; g++)
+            n_seq += (int)ready[r]->buf[g].n_samples + share_prompt(t, &ready[r]->buf[g]);
     engine_train_seq_t *seqs = xcalloc((size_t)n_seq, sizeof *seqs);
     int32_t **tok = xcalloc((size_t)n_seq, sizeof *tok);
     float **w = xcalloc((size_t)n_seq, sizeof *w), **old = xcalloc((size_t)n_seq, sizeof *old);
     double *rew_sum = xcalloc((size_t)n_ready, sizeof(double)), *stale_sum = xcalloc((size_t)n_ready, sizeof(double));
     double *tokens = xcalloc((size_t)n_ready, sizeof(double)), *gen_s = xcalloc((size_t)n_ready, sizeof(double));
-    int *nsamp = xcalloc((size_t)n_ready, sizeof(int));
+    int *nsamp = xcalloc((size_t)n_ready, sizeof(int)), *nseq = xcalloc((size_t)n_ready, sizeof(int));
     float *grads_by_slot[256] = {0};
     int k = 0;
     for (int r = 0; r < n_ready; r++) {
@@ -342,6 +352,17 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
             rl_group_advantages(rw, (int)gr->n_samples, j->spec.std_norm, adv);
             stale_sum[r] += j->version - gr->version;
             gen_s[r] += gr->gen_seconds;
+            // prefix_of holds the index in seqs for now; made relative to each pass below
+            int prefix_of = 0, prefix_len = 0;
+            if (share_prompt(t, gr)) {
+                prefix_len = (int)gr->n_prompt - 1;
+                tok[k] = xmalloc(sizeof(int32_t) * (size_t)prefix_len);
+                memcpy(tok[k], gr->prompt, sizeof(int32_t) * (size_t)prefix_len);
+                seqs[k] = (engine_train_seq_t){.tokens = tok[k], .len = prefix_len, .slot = j->slot};
+                prefix_of = k + 1;
+                nseq[r]++;
+                k++;
+            }
             for (uint32_t s = 0; s < gr->n_samples; s++, k++) {
                 const proto_sample_t *ps = &gr->samples[s];
                 int len = (int)(gr->n_prompt + ps->n);
@@ -356,9 +377,11 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
                 }
                 seqs[k] = (engine_train_seq_t){.tokens = tok[k], .len = len, .slot = j->slot, .weight = w[k],
                                                .old_logp = old[k], .advantage = adv[s],
-                                               .on_policy = gr->version == j->version};
+                                               .on_policy = gr->version == j->version, .prefix_of = prefix_of,
+                                               .prefix_len = prefix_len};
                 tokens[r] += len;
                 nsamp[r]++;
+                nseq[r]++;
             }
         }
     }
@@ -375,8 +398,11 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
                ready[r1]->spec.kl == 0 && s0->kl == 0)
             r1++;
         int first = 0, count = 0;
-        for (int r = 0; r < r0; r++) first += nsamp[r];
-        for (int r = r0; r < r1; r++) count += nsamp[r];
+        for (int r = 0; r < r0; r++) first += nseq[r];
+        for (int r = r0; r < r1; r++) count += nseq[r];
+        // a group's sequences are in one job, so in one pass: index relative to the pass
+        for (int i = first; i < first + count; i++)
+            if (seqs[i].prefix_of) seqs[i].prefix_of -= first;
         loss_cfg_t lc = {.kind = LOSS_RL, .temperature = s0->temperature, .clip_low = s0->clip_low,
                          .clip_high = s0->clip_high, .kl_coef = s0->kl};
         int nst = lora_pool_slots(engine_pool(t->e)) + 1;
@@ -384,7 +410,8 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
         double tp = util_now();
         int rc = 0;
         if (s0->kl > 0) {
-            // reference log-probs: the same sequences with the adapter switched off
+            // reference log-probs: the same sequences with the adapter switched off (prefix
+            // sequences too: a prefix has its samples' slot)
             engine_train_seq_t *base = xmalloc(sizeof *base * (size_t)count);
             float **refp = xmalloc(sizeof(float *) * (size_t)count);
             for (int i = 0; i < count; i++) {
@@ -467,6 +494,7 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
     }
     for (int i = 0; i < n_seq; i++) free(tok[i]), free(w[i]), free(old[i]);
     free(seqs), free(tok), free(w), free(old), free(rew_sum), free(stale_sum), free(tokens), free(gen_s), free(nsamp);
+    free(nseq);
     t->busy += util_now() - t0;
     return n_out;
 }

@@ -24,6 +24,8 @@ typedef struct {
     int max_jobs;          // adapter slots (jobs trained at once)
     int keep_versions;     // adapter versions kept in Redis (>= 2)
     int optim_every;       // optimizer state saved every K steps
+    bool shared_prefix;    // a group's prompt is computed once for its G samples (engine_train_seq_t
+                           // prefix_of); false: every sample is a full sequence of its own
 } tjobs_cfg_t;
 
 tjobs_t *tjobs_new(engine_t *e, store_t *st, const tjobs_cfg_t *cfg, char *err);

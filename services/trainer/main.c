@@ -3,6 +3,7 @@
 // Redis and announces them. Wiring only; the logic lives in jobs.c.
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/net/bus.h"
 #include "common/net/svc.h"
@@ -12,13 +13,19 @@
 static const char *HELP =
     "Trains the jobs' LoRA adapters. Binds --trainer (PULL, scored groups from verifiers) and\n"
     "--trainer-events (PUB, adapter versions); connects --reports (the scheduler).\n"
-    "extras: --set max_jobs=64 --set keep_versions=4 --set optim_every=1";
+    "extras: --set max_jobs=64 --set keep_versions=4 --set optim_every=1\n"
+    "        --set shared_prefix=1 (a group's prompt is computed once for its samples; 0 = per sample)";
 
 int main(int argc, char **argv) {
     svc_t s;
     int rc = svc_init(&s, "trainer", argc, argv, HELP);
     if (rc) return rc > 0 ? 0 : 2;
     char err[ERR_LEN], ep[256];
+    const char *shared_prefix = svc_extra(&s, "shared_prefix", "1");
+    if (strcmp(shared_prefix, "0") != 0 && strcmp(shared_prefix, "1") != 0) {
+        log_error("--set shared_prefix must be 0 or 1, got '%s'", shared_prefix);
+        return 2;
+    }
     store_t *st = svc_store(&s, err);
     if (!st) {
         log_error("%s", err);
@@ -34,7 +41,8 @@ int main(int argc, char **argv) {
     lora_pool_t *pool = lora_pool_new(max_jobs > 0 ? max_jobs : 64);
     engine_t *e = engine_new(m, pool, err);
     tjobs_cfg_t cfg = {.max_jobs = lora_pool_slots(pool), .keep_versions = atoi(svc_extra(&s, "keep_versions", "4")),
-                       .optim_every = atoi(svc_extra(&s, "optim_every", "1"))};
+                       .optim_every = atoi(svc_extra(&s, "optim_every", "1")),
+                       .shared_prefix = shared_prefix[0] == '1'};
     tjobs_t *jobs = tjobs_new(e, st, &cfg, err);
     svc_bind_endpoint(&s, SVC_TRAINER, ep, sizeof ep);
     zsock_t *in = jobs ? bus_bind(ZMQ_PULL, ep, BUS_DEFAULT_HWM, PROTO_MAX_FRAME, err) : NULL;
@@ -46,7 +54,8 @@ int main(int argc, char **argv) {
         rc = 1;
         goto done;
     }
-    log_info("ready: %zu-parameter base model, up to %d jobs, id %s", m->n_params, cfg.max_jobs, s.id);
+    log_info("ready: %zu-parameter base model, up to %d jobs, shared prompt prefixes %s, id %s", m->n_params,
+             cfg.max_jobs, cfg.shared_prefix ? "on" : "off", s.id);
     zpoller_t *poller = zpoller_new(in, NULL);
     double t_start = util_now(), last_beat = 0;
     uint64_t received = 0, rejected = 0, steps = 0;
@@ -90,17 +99,19 @@ int main(int argc, char **argv) {
                 steps++;
             }
         }
-        if (util_now() - last_beat > 2.0) {
+        if (util_now() - last_beat > 1.0) {
             last_beat = util_now();
-            char v[5][32];
+            char v[6][32];
             double up = util_now() - t_start;
             snprintf(v[0], 32, "%.4f", tjobs_busy_seconds(jobs) / (up > 0 ? up : 1));
             snprintf(v[1], 32, "%.3f", tjobs_busy_seconds(jobs));
             snprintf(v[2], 32, "%llu", (unsigned long long)steps);
             snprintf(v[3], 32, "%llu", (unsigned long long)rejected);
             snprintf(v[4], 32, "%d", tjobs_count(jobs));
-            const char *f[5] = {"busy_fraction", "busy_s", "steps", "rejected", "jobs"}, *vv[5] = {v[0], v[1], v[2], v[3], v[4]};
-            svc_heartbeat(&s, st, 10, 5, f, vv);
+            snprintf(v[5], 32, "%.3f", up);
+            const char *f[6] = {"busy_fraction", "busy_s", "steps", "rejected", "jobs", "up_s"};
+            const char *vv[6] = {v[0], v[1], v[2], v[3], v[4], v[5]};
+            svc_heartbeat(&s, st, 10, 6, f, vv);
         }
     }
     log_info("stopping: %llu messages received, %llu rejected, %llu steps", (unsigned long long)received,
