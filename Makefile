@@ -80,6 +80,7 @@ UNIT_SRC  := $(wildcard tests/unit/*.c)
 UNIT_OBJ  := $(UNIT_SRC:%.c=$(BUILD)/obj/%.o)
 UNIT_BIN  := $(BUILD)/bin/marlaas-unit-tests
 BENCH_BIN := $(BUILD)/bin/marlaas-bench-engine
+TENANCY_BIN := $(BUILD)/bin/marlaas-bench-tenancy
 CLI_SRC   := $(wildcard cli/*.c)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_BIN   := $(BUILD)/bin/marlaas
@@ -89,7 +90,7 @@ SVC_OBJ   := $(SVC_SRC:%.c=$(BUILD)/obj/%.o)
 SVC_BINS  := $(SERVICES:%=$(BUILD)/bin/marlaas-%)
 
 .PHONY: all test unit integration valgrind valgrind-run bench demo clean
-all: $(LIB) $(BENCH_BIN) $(CLI_BIN) $(SVC_BINS)
+all: $(LIB) $(BENCH_BIN) $(TENANCY_BIN) $(CLI_BIN) $(SVC_BINS)
 
 $(DEPS_STAMP): scripts/install-deps.sh
 	@scripts/install-deps.sh
@@ -105,6 +106,10 @@ $(LIB): $(LIB_OBJ)
 	ar rcs $@ $^
 
 $(BENCH_BIN): $(BUILD)/obj/bench/bench_engine.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(TENANCY_BIN): $(BUILD)/obj/bench/bench_tenancy.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
@@ -154,7 +159,8 @@ demo: all
 clean:
 	rm -rf build
 
--include $(LIB_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(SVC_OBJ:.o=.d) $(BUILD)/obj/bench/bench_engine.d
+-include $(LIB_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(SVC_OBJ:.o=.d) $(BUILD)/obj/bench/bench_engine.d \
+            $(BUILD)/obj/bench/bench_tenancy.d
 
 # --- examples and test tools ---------------------------------------------------------------
 # One binary per .c file, linked like the services against the library:

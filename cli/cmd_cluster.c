@@ -22,7 +22,7 @@
 
 typedef struct {
     const char *run, *model, *policy;
-    long port_base, redis_port, steps;
+    long port_base, redis_port, steps, threads;
 } cluster_opts_t;
 
 static const char *services[4] = {"scheduler", "verifier", "trainer", "rollout"};
@@ -174,13 +174,14 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     for (int i = 0; ef && i < 9; i++) fprintf(ef, "%s\n", env[i]);
     if (ef) fprintf(ef, "MARLAAS_MODEL=%s\n", o->model), fclose(ef);
     chmod(envf, 0600);
-    char model_env[4200], policy_env[64];
+    char model_env[4200], policy_env[64], threads_env[64];
     snprintf(model_env, sizeof model_env, "MARLAAS_MODEL=%s", o->model);
     snprintf(policy_env, sizeof policy_env, "MARLAAS_POLICY=%s", o->policy);
+    snprintf(threads_env, sizeof threads_env, "MARLAAS_THREADS=%ld", o->threads);
     // Each service gets one thread: on a small machine the rollout and the trainer then each
     // own a core instead of spinning against each other.
     char *extra[13] = {env[0], env[1], env[2], env[3], env[4], env[5], env[6], env[7], env[8],
-                       model_env, policy_env, "MARLAAS_THREADS=1", NULL};
+                       model_env, policy_env, threads_env, NULL};
     for (int i = 0; i < 4; i++) {
         char exe[4200], log[4200];
         snprintf(exe, sizeof exe, "%s/marlaas-%s", bdir, services[i]);
@@ -222,11 +223,12 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
 }
 
 static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
-    *o = (cluster_opts_t){.run = "run", .model = "models/tiny", .policy = "async", .port_base = 7000, .steps = 100};
+    *o = (cluster_opts_t){.run = "run", .model = "models/tiny", .policy = "async", .port_base = 7000, .steps = 100,
+                           .threads = 1};
     static struct option lo[] = {{"run-dir", required_argument, 0, 'r'}, {"model", required_argument, 0, 'm'},
                                  {"policy", required_argument, 0, 'p'}, {"port-base", required_argument, 0, 'b'},
                                  {"redis-port", required_argument, 0, 'R'}, {"steps", required_argument, 0, 's'},
-                                 {"help", no_argument, 0, 'h'}, {0}};
+                                 {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'}, {0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -239,6 +241,8 @@ static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
             if (cli_int("--redis-port", optarg, 1024, 65535, &o->redis_port)) return -1;
         } else if (c == 's') {
             if (cli_int("--steps", optarg, 1, 100000, &o->steps)) return -1;
+        } else if (c == 't') {
+            if (cli_int("--threads", optarg, 1, 256, &o->threads)) return -1;
         } else {
             printf("usage: %s\n", usage);
             return c == 'h' ? 1 : -1;
@@ -253,7 +257,9 @@ static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
 
 int cmd_up(int argc, char **argv) {
     cluster_opts_t o;
-    int rc = parse(argc, argv, &o, "marlaas up [--run-dir run] [--model models/tiny] [--policy async|sync] [--port-base 7000]");
+    int rc = parse(argc, argv, &o, "marlaas up [--run-dir run] [--model models/tiny] [--policy async|sync] [--port-base 7000]\n"
+                   "           [--threads 1]  (compute threads of each service: one each keeps two cores from\n"
+                   "                          fighting over OpenMP pools; more suits one busy service per node)");
     if (rc) return rc > 0 ? 0 : 2;
     char admin[65];
     return cluster_up(&o, admin) ? 1 : 0;

@@ -108,19 +108,20 @@ int main(int argc, char **argv) {
             proto_batch_free(b);
             free(b);
         }
-        if (util_now() - last_beat > 2.0) {
+        if (util_now() - last_beat > 1.0) {
             last_beat = util_now();
             double up = util_now() - t_start;
-            char v[6][32];
+            char v[7][32];
             snprintf(v[0], 32, "%.4f", worker_busy_seconds(w) / (up > 0 ? up : 1));
             snprintf(v[1], 32, "%.3f", worker_busy_seconds(w));
             snprintf(v[2], 32, "%llu", (unsigned long long)worker_tokens(w));
             snprintf(v[3], 32, "%llu", (unsigned long long)tasks_out);
             snprintf(v[4], 32, "%d", worker_pending(w));
             snprintf(v[5], 32, "%llu", (unsigned long long)rejected);
-            const char *f[6] = {"busy_fraction", "busy_s", "tokens", "tasks", "pending", "rejected"};
-            const char *vv[6] = {v[0], v[1], v[2], v[3], v[4], v[5]};
-            svc_heartbeat(&s, st, 10, 6, f, vv);
+            snprintf(v[6], 32, "%.3f", up);
+            const char *f[7] = {"busy_fraction", "busy_s", "tokens", "tasks", "pending", "rejected", "up_s"};
+            const char *vv[7] = {v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
+            svc_heartbeat(&s, st, 10, 7, f, vv);
         }
     }
     log_info("stopping: %llu tasks received, %llu completed, %llu rejected", (unsigned long long)tasks_in,

@@ -1,0 +1,362 @@
+// bench_tenancy.c - what many tenants sharing one base model cost, measured on the code the
+// services run: rollout generation throughput vs batch size and vs distinct adapters in the
+// batch (the continuous-batching generator of the rollout service), resident memory of a rollout
+// runtime with 1 / 32 / 128 adapters loaded, and trainer optimiser steps/s for small per-job
+// batches, one job at a time vs several jobs in one mixed-adapter pass.
+//
+//   build/bin/marlaas-bench-tenancy rollout --model DIR [--quick]
+//   build/bin/marlaas-bench-tenancy memory  --model DIR | --shape NAME
+//   build/bin/marlaas-bench-tenancy trainer --model DIR [--quick]
+//   build/bin/marlaas-bench-tenancy sgemm        (OpenBLAS sgemm GFLOP/s at MARLAAS_THREADS)
+//
+// Output: CSV rows on stdout (a header line first), progress on stderr. bench/run.sh runs each
+// in its own process (resident memory only grows within a process).
+#include <cblas.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/engine/optim.h"
+#include "common/rl/rl.h"
+#include "common/tasks/tasks.h"
+#include "common/util/util.h"
+
+static double min_seconds = 1.0;
+
+// Resident set size of this process in MiB (VmRSS of /proc/self/status).
+static double rss_mib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    double kb = -1;
+    if (!f) return -1;
+    char line[256];
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) kb = atof(line + 6);
+    fclose(f);
+    return kb / 1024.0;
+}
+
+static void die(const char *what, const char *err) {
+    fprintf(stderr, "bench-tenancy: %s: %s\n", what, err);
+    exit(1);
+}
+
+// An adapter of rank 8 on all targets whose every parameter is written (a fresh adapter has
+// B = 0, pages a process may never touch; a trained one has none).
+static lora_t *full_adapter(const hf_config_t *c, uint64_t seed) {
+    char err[ERR_LEN];
+    peft_config_t pc = {.r = 8, .alpha = 16, .targets = LORA_ALL_TARGETS};
+    lora_t *a = lora_new(c, &pc, kernels_cpu(), seed, err);
+    if (!a) die("adapter", err);
+    for (size_t j = 0; j < a->n_params; j++) a->params[j] = 1e-3f * (float)((j * 2654435761u + seed) % 1000) / 1000.0f;
+    return a;
+}
+
+static void fill_pool(lora_pool_t *pool, const hf_config_t *c, int from, int to) {
+    char err[ERR_LEN];
+    for (int i = from; i < to; i++) {
+        lora_t *a = full_adapter(c, (uint64_t)i + 1);
+        if (lora_pool_set(pool, i, &a, err)) die("pool", err);
+    }
+}
+
+// The prompts of the benchmark: real task prompts, cycling over the built-in tasks.
+static int32_t *task_prompt(const tokenizer_t *tok, int i, int *n) {
+    task_example_t ex;
+    task_example(task_at(i % task_count()), TASK_TRAIN, (uint64_t)i, &ex);
+    int32_t *ids = NULL;
+    char err[ERR_LEN];
+    *n = tokenizer_encode(tok, ex.prompt, strlen(ex.prompt), &ids, err);
+    task_example_free(&ex);
+    if (*n < 1) die("tokenizer", err);
+    return ids;
+}
+
+// --- sgemm: the machine's reference speed at this thread count -------------------------------------
+static double sgemm_gflops(int M, int N, int K) {
+    float *A = falloc((size_t)M * K), *Bm = falloc((size_t)N * K), *C = falloc((size_t)M * N);
+    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)(i % 7) * 0.1f;
+    for (size_t i = 0; i < (size_t)N * K; i++) Bm[i] = (float)(i % 5) * 0.1f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, A, K, Bm, K, 0, C, N);
+    int reps = 0;
+    double t0 = util_now(), t;
+    do {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, A, K, Bm, K, 0, C, N);
+        reps++;
+    } while ((t = util_now() - t0) < min_seconds);
+    free(A), free(Bm), free(C);
+    return 2.0 * M * N * K * reps / t / 1e9;
+}
+
+static int cmd_sgemm(void) {
+    printf("threads,gflops_2048\n%d,%.1f\n", util_threads(), sgemm_gflops(2048, 2048, 2048));
+    return 0;
+}
+
+// --- rollout ------------------------------------------------------------------------------------
+// Generated tokens/s of `seqs` sequences (one sample each, 32 new tokens, no stop so every
+// sequence runs its full length) with the requests spread over n_adapters adapters. The time
+// includes the prompts' prefill and sampling, as in the rollout service.
+#define NEW_TOKENS 32
+static double gen_rate(rl_runtime_t *rt, int seqs, int n_adapters) {
+    char err[ERR_LEN];
+    double t = 0, toks = 0;
+    for (int round = 0; t < min_seconds; round++) {
+        for (int i = 0; i < seqs; i++) {
+            int n;
+            int32_t *p = task_prompt(rt->tok, i + round * seqs, &n);
+            gen_request_t rq = {.prompt = p, .prompt_len = n, .slot = i % n_adapters, .n_samples = 1,
+                                .max_new_tokens = NEW_TOKENS, .sp = {.temperature = 1.0f, .top_p = 1.0f},
+                                .seed = (uint64_t)i + 1};
+            if (gen_submit(rt->gen, &rq, err) < 0) die("gen_submit", err);
+            free(p);
+        }
+        double t0 = util_now();
+        if (gen_run(rt->gen, err)) die("gen_run", err);
+        double dt = util_now() - t0;
+        gen_result_t *r;
+        while ((r = gen_take(rt->gen))) {
+            if (round > 0)
+                for (int s = 0; s < r->n_samples; s++) toks += r->samples[s].n;
+            gen_result_free(&r);
+        }
+        if (round > 0) t += dt;   // round 0 warms buffers and pages
+    }
+    return toks / t;
+}
+
+static int cmd_rollout(const char *model, int quick) {
+    char err[ERR_LEN];
+    rl_runtime_cfg_t cfg = {.n_slots = 128, .max_batch_tokens = 512};
+    rl_runtime_t *rt = rl_runtime_open(model, &cfg, err);
+    if (!rt) die(model, err);
+    fill_pool(rt->pool, &rt->model->cfg, 0, 128);
+    printf("sweep,sequences,adapters,tokens_per_s\n");
+    int batches[] = {1, 8, 32, 128, 256};
+    for (size_t i = 0; i < sizeof batches / sizeof batches[0]; i++) {
+        if (quick && batches[i] == 256) continue;
+        double r = gen_rate(rt, batches[i], 1);
+        printf("batch,%d,1,%.1f\n", batches[i], r);
+        fprintf(stderr, "rollout: %3d sequences, 1 adapter: %.0f tok/s\n", batches[i], r);
+        fflush(stdout);
+    }
+    int adapters[] = {1, 8, 32, 128};
+    for (size_t i = 0; i < sizeof adapters / sizeof adapters[0]; i++) {
+        double r = gen_rate(rt, 128, adapters[i]);
+        printf("adapters,128,%d,%.1f\n", adapters[i], r);
+        fprintf(stderr, "rollout: 128 sequences, %3d adapters: %.0f tok/s\n", adapters[i], r);
+        fflush(stdout);
+    }
+    rl_runtime_close(&rt);
+    return 0;
+}
+
+// --- memory -------------------------------------------------------------------------------------
+// Shapes for a model with no folder: weights random, the tokenizer of models/tiny (characters).
+static int shape_config(const char *name, hf_config_t *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->model_type, sizeof c->model_type, "llama");
+    int D, L, H, KV, F;
+    if (!strcmp(name, "25m")) D = 512, L = 8, H = 8, KV = 4, F = 1536;
+    else if (!strcmp(name, "100m")) D = 768, L = 12, H = 12, KV = 4, F = 3072;
+    else return -1;
+    c->hidden_size = D, c->num_hidden_layers = L, c->num_attention_heads = H, c->num_key_value_heads = KV;
+    c->head_dim = D / H, c->intermediate_size = F, c->vocab_size = 512, c->max_position_embeddings = 128;
+    c->rms_norm_eps = 1e-6f, c->rope_theta = 10000.0f, c->bos_token_id = -1, c->eos_token_id = 96;
+    c->tie_word_embeddings = true;
+    return 0;
+}
+
+static int cmd_memory(const char *model, const char *shape) {
+    char err[ERR_LEN];
+    double rss0 = rss_mib();
+    rl_runtime_cfg_t cfg = {.n_slots = 128, .max_batch_tokens = 512};
+    rl_runtime_t *rt;
+    const char *name = model;
+    if (shape) {
+        hf_config_t c;
+        if (shape_config(shape, &c)) die(shape, "unknown shape (25m, 100m)");
+        model_t *m = model_new(&c, kernels_cpu(), err);
+        if (!m) die(shape, err);
+        model_init_random(m, 1);
+        tokenizer_t *tok = tokenizer_load("models/tiny/tokenizer.json", err);
+        if (!tok) die("models/tiny/tokenizer.json", err);
+        rt = rl_runtime_wrap(&m, &tok, &cfg, err);
+        name = shape;
+    } else {
+        rt = rl_runtime_open(model, &cfg, err);
+    }
+    if (!rt) die(name, err);
+    const hf_config_t *c = &rt->model->cfg;
+    peft_config_t pc = {.r = 8, .alpha = 16, .targets = LORA_ALL_TARGETS};
+    double model_mib = rt->model->n_params * 4.0 / (1 << 20), adapter_mib = lora_param_count(c, &pc) * 4.0 / (1 << 20);
+    // one generation round so the KV cache and step buffers hold what a serving process holds
+    int n;
+    int32_t *p = task_prompt(rt->tok, 0, &n);
+    gen_request_t rq = {.prompt = p, .prompt_len = n, .slot = -1, .n_samples = 8, .max_new_tokens = 16,
+                        .sp = {.temperature = 1.0f, .top_p = 1.0f}, .seed = 1};
+    if (gen_submit(rt->gen, &rq, err) < 0 || gen_run(rt->gen, err)) die("generate", err);
+    free(p);
+    gen_result_t *r;
+    while ((r = gen_take(rt->gen))) gen_result_free(&r);
+    printf("model,params,model_mib,adapter_mib,adapters,rss_mib\n");
+    printf("%s,%zu,%.2f,%.3f,0,%.1f\n", name, rt->model->n_params, model_mib, adapter_mib, rss_mib());
+    int steps[] = {1, 32, 128}, have = 0;
+    for (int i = 0; i < 3; i++) {
+        fill_pool(rt->pool, c, have, steps[i]);
+        have = steps[i];
+        printf("%s,%zu,%.2f,%.3f,%d,%.1f\n", name, rt->model->n_params, model_mib, adapter_mib, have, rss_mib());
+    }
+    fprintf(stderr, "memory: %s: process before loading %.1f MiB\n", name, rss0);
+    rl_runtime_close(&rt);
+    return 0;
+}
+
+// --- trainer ------------------------------------------------------------------------------------
+// K jobs, each a GRPO step of B prompts x G samples (prompt of a real task, completion = the
+// task's answer + EOS, as a learned policy writes), RL loss, AdamW on its own adapter.
+typedef struct {
+    engine_train_seq_t *seqs;
+    int n;
+    int32_t **tok;
+    float **w, **old;
+} tbatch_t;
+
+static void batch_add(tbatch_t *b, const rl_runtime_t *rt, int job, int item, int G, uint64_t seed) {
+    task_example_t ex;
+    task_example(task_at(job % task_count()), TASK_TRAIN, seed, &ex);
+    int32_t *p = NULL, *a = NULL;
+    char err[ERR_LEN];
+    int np = tokenizer_encode(rt->tok, ex.prompt, strlen(ex.prompt), &p, err);
+    int na = tokenizer_encode(rt->tok, ex.answer, strlen(ex.answer), &a, err);
+    task_example_free(&ex);
+    if (np < 1 || na < 0) die("tokenizer", err);
+    for (int g = 0; g < G; g++) {
+        int len = np + na + 1, k = b->n++;
+        b->seqs = xrealloc(b->seqs, sizeof *b->seqs * (size_t)b->n);
+        b->tok = xrealloc(b->tok, sizeof *b->tok * (size_t)b->n);
+        b->w = xrealloc(b->w, sizeof *b->w * (size_t)b->n);
+        b->old = xrealloc(b->old, sizeof *b->old * (size_t)b->n);
+        b->tok[k] = xmalloc(sizeof(int32_t) * (size_t)len);
+        b->w[k] = xcalloc((size_t)len, sizeof(float));
+        b->old[k] = xcalloc((size_t)len, sizeof(float));
+        memcpy(b->tok[k], p, sizeof(int32_t) * (size_t)np);
+        memcpy(b->tok[k] + np, a, sizeof(int32_t) * (size_t)na);
+        b->tok[k][len - 1] = rt->eos;
+        for (int t = np; t < len; t++) b->w[k][t] = 1.0f;
+        b->seqs[k] = (engine_train_seq_t){.tokens = b->tok[k], .len = len, .slot = job, .weight = b->w[k],
+                                          .old_logp = b->old[k], .advantage = (g % 2 ? 1.0f : -1.0f) * (1 + item % 3) / 2.0f};
+    }
+    free(p), free(a);
+}
+
+static void batch_free(tbatch_t *b) {
+    for (int i = 0; i < b->n; i++) free(b->tok[i]), free(b->w[i]), free(b->old[i]);
+    free(b->seqs), free(b->tok), free(b->w), free(b->old);
+    memset(b, 0, sizeof *b);
+}
+
+static int cmd_trainer(const char *model, int quick) {
+    char err[ERR_LEN];
+    enum { MAXJ = 32, B = 4, G = 8 };
+    rl_runtime_cfg_t cfg = {.n_slots = MAXJ, .max_batch_tokens = 512};
+    rl_runtime_t *rt = rl_runtime_open(model, &cfg, err);
+    if (!rt) die(model, err);
+    fill_pool(rt->pool, &rt->model->cfg, 0, MAXJ);
+    // one batch per job; behaviour log-probs = the current policy's (ratios near 1, as on-policy)
+    tbatch_t jb[MAXJ] = {0}, all = {0};
+    float *grads[MAXJ];
+    optim_t *opt[MAXJ];
+    optim_cfg_t oc = optim_defaults();
+    oc.lr = 1e-6f;   // the parameters barely move: every measured step sees the same work
+    for (int j = 0; j < MAXJ; j++) {
+        for (int i = 0; i < B; i++) {
+            batch_add(&jb[j], rt, j, i, G, (uint64_t)(j * 1000 + i));
+            batch_add(&all, rt, j, i, G, (uint64_t)(j * 1000 + i));
+        }
+        size_t np = lora_pool_get(rt->pool, j)->n_params;
+        grads[j] = xcalloc(np, sizeof(float));
+        opt[j] = optim_new(&oc, kernels_cpu(), np);
+        if (engine_logprobs(rt->engine, jb[j].seqs, jb[j].n, 1.0f, jb[j].old, NULL, err)) die("logprobs", err);
+    }
+    for (int k = 0; k < all.n; k++) memcpy(all.old[k], jb[k / (B * G)].old[k % (B * G)], sizeof(float) * (size_t)all.seqs[k].len);
+    loss_cfg_t lc = {.kind = LOSS_RL, .temperature = 1.0f, .clip_low = 0.2f, .clip_high = 0.2f};
+    int seqs_per_job = B * G;
+    printf("jobs,mode,steps_per_s,tokens_per_s,tokens_per_step,gflops\n");
+    int ks[] = {1, 4, 8, 16, 32};
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+        int K = ks[ki];
+        if (quick && (K == 4 || K == 16)) continue;
+        double tok_per_job = 0, flop_per_job = 0;   // the jobs differ (one task each): means over the K
+        for (int k = 0; k < seqs_per_job * K; k++) {
+            tok_per_job += all.seqs[k].len;
+            // forward, then the backward's input gradients (the same GEMMs again; LoRA's own
+            // gradients are not counted): 2x the forward
+            flop_per_job += 2.0 * engine_forward_flops(rt->model, all.seqs[k].len, all.seqs[k].len, all.seqs[k].len / 2.0);
+        }
+        tok_per_job /= K, flop_per_job /= K;
+        for (int mixed = 0; mixed <= 1; mixed++) {
+            double t = 0;
+            long steps = 0;
+            for (int round = 0; t < min_seconds; round++) {
+                double t0 = util_now();
+                for (int j0 = 0; j0 < K; j0 += mixed ? K : 1) {
+                    int nj = mixed ? K : 1;
+                    for (int j = j0; j < j0 + nj; j++)
+                        memset(grads[j], 0, sizeof(float) * lora_pool_get(rt->pool, j)->n_params);
+                    if (engine_train(rt->engine, all.seqs + (size_t)j0 * seqs_per_job, nj * seqs_per_job, &lc, NULL,
+                                     grads, NULL, 0, err))
+                        die("train", err);
+                    for (int j = j0; j < j0 + nj; j++) optim_step(opt[j], lora_pool_get(rt->pool, j)->params, grads[j]);
+                }
+                if (round == 0) continue;
+                t += util_now() - t0;
+                steps += K;
+            }
+            printf("%d,%s,%.2f,%.0f,%.0f,%.2f\n", K, mixed ? "mixed" : "one-by-one", steps / t, steps * tok_per_job / t,
+                   tok_per_job, steps * flop_per_job / t / 1e9);
+            fprintf(stderr, "trainer: %2d jobs %-10s %.1f steps/s\n", K, mixed ? "mixed" : "one-by-one", steps / t);
+            fflush(stdout);
+        }
+    }
+    for (int j = 0; j < MAXJ; j++) batch_free(&jb[j]), free(grads[j]), optim_destroy(&opt[j]);
+    batch_free(&all);
+    rl_runtime_close(&rt);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *usage = "usage: marlaas-bench-tenancy rollout|trainer --model DIR [--quick]\n"
+                        "       marlaas-bench-tenancy memory --model DIR | --shape 25m|100m\n"
+                        "       marlaas-bench-tenancy sgemm\n";
+    if (argc < 2) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    const char *cmd = argv[1], *model = NULL, *shape = NULL;
+    int quick = 0, o;
+    static struct option opts[] = {{"model", required_argument, NULL, 'm'}, {"shape", required_argument, NULL, 's'},
+                                   {"quick", no_argument, NULL, 'q'}, {"help", no_argument, NULL, 'h'}, {0}};
+    optind = 2;
+    while ((o = getopt_long(argc, argv, "m:s:qh", opts, NULL)) != -1) {
+        if (o == 'm') model = optarg;
+        else if (o == 's') shape = optarg;
+        else if (o == 'q') quick = 1;
+        else {
+            fputs(usage, o == 'h' ? stdout : stderr);
+            return o == 'h' ? 0 : 2;
+        }
+    }
+    util_threads_init();
+    if (quick) min_seconds = 0.4;
+    if (!strcmp(cmd, "memory") && (model || shape)) return cmd_memory(model, shape);
+    if (!strcmp(cmd, "sgemm")) return cmd_sgemm();
+    if (!model) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    if (!strcmp(cmd, "rollout")) return cmd_rollout(model, quick);
+    if (!strcmp(cmd, "trainer")) return cmd_trainer(model, quick);
+    fputs(usage, stderr);
+    return 2;
+}

@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# report.sh - turns a results directory of bench/run.sh into report.md and SVG plots (gnuplot).
+#
+#   bench/report.sh DIR
+set -euo pipefail
+D=${1:?usage: bench/report.sh RESULTS_DIR}
+cd "$D"
+meta() { sed -n "s/^$1=//p" meta.txt; }
+read -r -a NS <<< "$(meta ns)"
+NMAX=${NS[-1]}
+col() {   # col FILE LABEL N FIELD: a field of the e2e.csv row of a run
+    awk -F, -v l="$2" -v n="$3" -v f="$4" 'NR == 1 {for (i = 1; i <= NF; i++) c[$i] = i; next}
+        $1 == l && $2 == n {print $(c[f])}' "$1"
+}
+pct() { awk -v x="$1" 'BEGIN {if (x == "") print "-"; else printf "%.0f%%", 100 * x}'; }
+R=report.md
+
+# --- derived data -----------------------------------------------------------------------------
+# time vs N
+awk -F, 'NR > 1 {t[$1 "," $2] = $3; n[$2] = 1}
+    END {for (k in n) printf "%s %s %s %s\n", k, t["sync," k], t["async," k], (("sync-2t," k) in t ? t["sync-2t," k] : "NaN")}' \
+    e2e.csv | sort -n > time_vs_n.dat
+# utilization timelines of the largest run: busy fraction over a sliding 5-sample window, from
+# the services' own accounting (busy seconds / seconds up)
+for p in sync async; do
+    f=e2e/$p-n$NMAX/timeline.csv
+    [ -f "$f" ] || continue
+    awk -F, 'NR > 1 && $2 != "" && $6 != "" {k++; t[k] = $1; rb[k] = $2; ru[k] = $3; tb[k] = $6; tu[k] = $7; rc[k] = $5; tc[k] = $9}
+        END {for (i = 6; i <= k; i++) {j = i - 5; dt = t[i] - t[j]
+            printf "%.1f %.3f %.3f %.3f %.3f\n", (t[i] + t[j]) / 2,
+                (ru[i] > ru[j] ? (rb[i] - rb[j]) / (ru[i] - ru[j]) : 0), (tu[i] > tu[j] ? (tb[i] - tb[j]) / (tu[i] - tu[j]) : 0),
+                (dt > 0 ? (rc[i] - rc[j]) / dt : 0), (dt > 0 ? (tc[i] - tc[j]) / dt : 0)}}' "$f" > "util_$p.dat"
+done
+# reward curves (moving mean over 10 steps) of four jobs under both policies
+CURVE_TASKS="vowels wrap rep csort"
+for p in sync async; do
+    f=e2e/$p-n$NMAX/steps.csv
+    [ -f "$f" ] || continue
+    for t in $CURVE_TASKS; do
+        awk -F, -v t="$t" 'NR > 1 && $3 == t {k++; r[k] = $5; s = 0; m = 0
+            for (i = k; i > k - 10 && i > 0; i--) {s += r[i]; m++}
+            printf "%d %.4f\n", $4, s / m}' "$f" > "reward_${p}_$t.dat"
+    done
+done
+
+# --- plots ------------------------------------------------------------------------------------
+if command -v gnuplot >/dev/null 2>&1; then
+    gnuplot <<EOF
+set terminal svg size 720,420 font "sans,12" background "white"
+set output "time_vs_n.svg"
+set title "End-to-end time for N jobs ($(meta model), $(meta steps) steps x $(meta prompts) prompts x $(meta group) samples each)"
+set xlabel "concurrent jobs N"; set ylabel "wall time (s)"; set key top left; set grid
+set logscale x 2; set xtics (1, 4, 8, 16, 32)
+plot "time_vs_n.dat" u 1:2 w lp lw 2 pt 7 t "sync (one job after another)", \
+     "" u 1:3 w lp lw 2 pt 5 t "async (all jobs at once)", \
+     "" u 1:4 w p pt 9 ps 1.5 t "sync, 2 threads per service"
+unset logscale x; set xtics auto
+do for [p in "sync async"] {
+    if (system("test -s util_".p.".dat && echo 1") eq "1") {
+        set output "utilization_".p.".svg"
+        set title "Busy fraction, ".p.", N = $NMAX (own accounting; dashed: CPU time from /proc)"
+        set xlabel "time (s)"; set ylabel "busy fraction"; set yrange [0:1.1]; set key bottom right
+        plot "util_".p.".dat" u 1:2 w l lw 2 lc 1 t "rollout", "" u 1:3 w l lw 2 lc 2 t "trainer", \
+             "" u 1:4 w l dt 2 lc 1 t "rollout CPU", "" u 1:5 w l dt 2 lc 2 t "trainer CPU"
+        set autoscale y
+    }
+}
+set output "rewards.svg"
+set title "Training reward (mean of the last 10 steps), N = $NMAX: sync dashed, async solid"
+set xlabel "step"; set ylabel "reward"; set key outside right
+files = "$CURVE_TASKS"
+plot for [i=1:words(files)] "reward_sync_".word(files, i).".dat" u 1:2 w l dt 2 lw 2 lc i t word(files, i)." sync", \
+     for [i=1:words(files)] "reward_async_".word(files, i).".dat" u 1:2 w l lw 2 lc i t word(files, i)." async"
+EOF
+else
+    echo "report.sh: gnuplot not found (apt-get install gnuplot-nox); report without plots" >&2
+fi
+
+# --- targets ----------------------------------------------------------------------------------
+WS=$(col e2e.csv sync "$NMAX" wall_s)
+WA=$(col e2e.csv async "$NMAX" wall_s)
+RATIO=$(awk -v a="$WA" -v s="$WS" 'BEGIN {if (s > 0 && a != "") printf "%.4f", a / s}')
+RB=$(col e2e.csv async "$NMAX" roll_busy_steady)
+TB=$(col e2e.csv async "$NMAX" train_busy_steady)
+# per-job quality at the largest N: final accuracy async - sync, by task
+awk -F, 'FNR == 1 {p = (FILENAME ~ /\/async-/) ? "a" : "s"; next}
+    {task[$2] = 1; acc[p, $2] = $5; acc0[$2] = $4}
+    END {for (t in task) if ((("s", t) in acc) && (("a", t) in acc))
+        printf "%s,%.4f,%.4f,%.4f,%.4f\n", t, acc0[t], acc["s", t], acc["a", t], acc["a", t] - acc["s", t]}' \
+    "e2e/sync-n$NMAX/jobs.csv" "e2e/async-n$NMAX/jobs.csv" 2>/dev/null | sort > quality.csv || true
+read -r QMEAN QWORST QN < <(awk -F, '{s += $5; n++; if (n == 1 || $5 < w) w = $5} END {printf "%.4f %.4f %d\n", (n ? s / n : 0), w, n}' quality.csv)
+pf() { awk -v c="$1" 'BEGIN {print (c ? "PASS" : "FAIL")}'; }
+T1=$(pf "$(awk -v r="$RATIO" 'BEGIN {print (r != "" && r <= 0.10)}')")
+T2R=$(pf "$(awk -v x="$RB" 'BEGIN {print (x != "" && x >= 0.9)}')")
+T2T=$(pf "$(awk -v x="$TB" 'BEGIN {print (x != "" && x >= 0.9)}')")
+T3=$(pf "$(awk -v m="$QMEAN" -v n="$QN" 'BEGIN {print (n > 0 && m >= -0.03 && m <= 0.03)}')")
+T4=$(pf "$(awk -v w="$QWORST" -v n="$QN" 'BEGIN {print (n > 0 && w >= -0.08)}')")
+# what two cores allow: the sync run's compute (CPU seconds of rollout + trainer) spread over two
+# cores with no batching gain at all
+BOUND=$(awk -F, -v n="$NMAX" 'NR == 1 {for (i = 1; i <= NF; i++) c[$i] = i; next}
+    $1 == "sync" && $2 == n {printf "%.3f", ($(c["roll_cpu"]) + $(c["train_cpu"])) / 2}' e2e.csv)
+
+# --- report -----------------------------------------------------------------------------------
+{
+echo "# MARLaaS benchmark: $(meta mode) run, $(meta date)"
+echo
+echo "Machine: $(meta cpu), $(meta cores) cores, $(meta mem_gib) GiB; commit $(meta commit); host $(meta host)."
+echo "OpenBLAS sgemm (2048³): $(sed -n 2p sgemm.csv | cut -d, -f2) GFLOP/s on 1 thread, $(sed -n 3p sgemm.csv | cut -d, -f2) GFLOP/s on 2."
+echo
+echo "Every job: model \`$(meta model)\`, $(meta steps) steps of $(meta prompts) prompts x $(meta group) samples, temperature $(meta temp), lr $(meta lr),"
+echo "LoRA r = 8 on all targets, greedy eval on $(meta eval_n) held-out prompts before and after; one task per job; jobs"
+echo "spread over $(meta tenants) tenants. Each run is a fresh local cluster (redis-server + the four services, one compute thread"
+echo "each, as \`marlaas up\` starts them). sync: the scheduler admits one job at a time and issues a step's prompts only"
+echo "after the previous step was trained (generate, verify, train in series). async: all jobs at once, fair share,"
+echo "staleness bound 1."
+echo
+echo "## Targets (N = $NMAX)"
+echo
+echo "| target | measured | result |"
+echo "|---|---|---|"
+echo "| async end-to-end time <= 10 % of sync | $(pct "$RATIO") ($WA s vs $WS s) | $T1 |"
+echo "| rollout busy >= 90 % in async steady state | $(pct "$RB") | $T2R |"
+echo "| trainer busy >= 90 % in async steady state | $(pct "$TB") | $T2T |"
+echo "| mean per-job accuracy difference async - sync within 3 points | $(awk -v m="$QMEAN" 'BEGIN {printf "%+.1f points", 100 * m}') over $QN jobs | $T3 |"
+echo "| no job worse under async by more than 8 points | worst $(awk -v m="$QWORST" 'BEGIN {printf "%+.1f points", 100 * m}') | $T4 |"
+echo
+echo "Two cores bound what overlap alone can give: the sync run at N = $NMAX kept rollout + trainer busy for"
+echo "$(pct "$BOUND") of two cores' time (CPU seconds from /proc), so running the same work on both cores at once"
+echo "and no faster per token ends at about $(pct "$BOUND") of the sync time; anything below needs batching to make each"
+echo "token cheaper (section 4 measures that for the trainer, section 3 for the rollout)."
+echo
+echo "## 1. End to end"
+echo
+echo "| N | policy | wall s | async / sync | rollout busy (own / CPU) | trainer busy (own / CPU) | steady-state busy rollout / trainer | tokens/s | steps/s | mean accuracy before -> after |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+awk -F, 'NR == 1 {for (i = 1; i <= NF; i++) c[$i] = i; next}
+    {k++; row[k] = $0; wall[$1, $2] = $(c["wall_s"])}
+    END {for (i = 1; i <= k; i++) {split(row[i], f, ",")
+        r = (("sync", f[2]) in wall && wall["sync", f[2]] > 0) ? sprintf("%.0f%%", 100 * f[c["wall_s"]] / wall["sync", f[2]]) : "-"
+        printf "| %s | %s | %.1f | %s | %.0f%% / %.0f%% | %.0f%% / %.0f%% | %.0f%% / %.0f%% | %.0f | %.1f | %.1f%% -> %.1f%% |\n",
+            f[2], f[1], f[c["wall_s"]], r, 100 * f[c["roll_busy"]], 100 * f[c["roll_cpu"]], 100 * f[c["train_busy"]],
+            100 * f[c["train_cpu"]], 100 * f[c["roll_busy_steady"]], 100 * f[c["train_busy_steady"]],
+            f[c["tokens_per_s"]], f[c["steps_per_s"]], 100 * f[c["acc0_mean"]], 100 * f[c["acc_mean"]]}}' e2e.csv | sort -t'|' -k2,2n -s
+echo
+echo "Busy: the share of the run's wall time the process spent computing by its own accounting (rollout: generation"
+echo "steps; trainer: training passes, optimiser steps and publication), and its CPU time from /proc over the same"
+echo "time. Steady state: async, from the moment every job is training to the first job's last step; sync, the whole"
+echo "training span. tokens/s: rows computed by the rollout (prompt + generated tokens) per second of wall time."
+echo
+[ -f time_vs_n.svg ] && echo "![time vs N](time_vs_n.svg)" && echo
+[ -f utilization_sync.svg ] && echo "![utilization sync](utilization_sync.svg)" && echo
+[ -f utilization_async.svg ] && echo "![utilization async](utilization_async.svg)" && echo
+[ -f rewards.svg ] && echo "![reward curves](rewards.svg)" && echo
+echo "## 2. Quality: final eval accuracy per job, N = $NMAX"
+echo
+echo "| task | before | sync | async | async - sync |"
+echo "|---|---|---|---|---|"
+awk -F, '{printf "| %s | %.1f%% | %.1f%% | %.1f%% | %+.1f |\n", $1, 100 * $2, 100 * $3, 100 * $4, 100 * $5}' quality.csv
+echo
+echo "Mean difference $(awk -v m="$QMEAN" 'BEGIN {printf "%+.1f", 100 * m}') points, worst $(awk -v m="$QWORST" 'BEGIN {printf "%+.1f", 100 * m}') points over $QN jobs."
+echo "A $(meta eval_n)-prompt eval has a 95 % interval of about ±5 points at 50 % accuracy, and GRPO runs of one task"
+echo "differ between identical runs (integration test test_sync_policy measures up to ~15 points on this model), so"
+echo "single jobs move by more than the policies differ; the mean is the meaningful figure."
+echo
+echo "## 3. Rollout (models/tiny, one thread as in the service)"
+echo
+echo "Generated tokens/s of the continuous-batching generator (prefill included), 32 new tokens per sequence:"
+echo
+echo "| sequences in the batch | distinct adapters | tokens/s | vs batch 1 |"
+echo "|---|---|---|---|"
+awk -F, 'NR > 1 {if ($1 == "batch" && $2 == 1) b1 = $4; row[NR] = $0}
+    END {for (i = 2; i <= NR; i++) {split(row[i], f, ","); printf "| %s | %s | %.0f | %.2fx |\n", f[2], f[3], f[4], f[4] / b1}}' rollout.csv
+echo
+echo "Resident memory of one rollout runtime (model, KV cache for 256 full contexts, 128 adapter slots) as adapters"
+echo "(rank 8, all targets, every parameter written) are loaded:"
+echo
+echo "| model | parameters | weights MiB | adapter MiB | RSS, 0 adapters | 1 | 32 | 128 | 128 jobs vs 128 copies (RSS) | (weights only) |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+awk -F, 'NR > 1 {m = $1; p[m] = $2; w[m] = $3; a[m] = $4; r[m, $5] = $6; if (!(m in seen)) {seen[m] = 1; o[++n] = m}}
+    END {for (i = 1; i <= n; i++) {m = o[i]
+        printf "| %s | %.1fM | %.1f | %.2f | %.0f MiB | %.0f MiB | %.0f MiB | %.0f MiB | %.1f%% (%.0f MiB vs %.0f MiB) | %.1f%% |\n",
+            m, p[m] / 1e6, w[m], a[m], r[m, 0], r[m, 1], r[m, 32], r[m, 128], 100 * r[m, 128] / (128 * r[m, 1]), r[m, 128],
+            128 * r[m, 1], 100 * (w[m] + 128 * a[m]) / (128 * w[m])}}' memory.csv
+echo
+echo "## 4. Trainer: optimiser steps/s for small per-job batches (4 prompts x 8 samples per step, one thread)"
+echo
+echo "| model | jobs | one job per pass: steps/s | all jobs in one mixed-adapter pass: steps/s | mixed / one-by-one | GFLOP/s (one-by-one / mixed) |"
+echo "|---|---|---|---|---|---|"
+awk -F, 'NR > 1 {k = $1 "," $2; if (!(k in seen)) {seen[k] = 1; o[++n] = k}; s[k, $3] = $4; g[k, $3] = $7}
+    END {for (i = 1; i <= n; i++) {k = o[i]; split(k, f, ",")
+        printf "| %s | %s | %.1f | %.1f | %.2fx | %.0f / %.0f |\n", f[1], f[2], s[k, "one-by-one"], s[k, "mixed"],
+            s[k, "mixed"] / s[k, "one-by-one"], g[k, "one-by-one"], g[k, "mixed"]}}' trainer.csv
+echo
+echo "GFLOP/s counts the forward and the backward's input gradients (2x the forward's GEMM FLOPs); compare with"
+echo "sgemm on 1 thread above."
+if [ -f engine.txt ]; then
+    echo
+    echo "## Engine (\`build/bin/marlaas-bench-engine\`)"
+    echo
+    echo '```'
+    cat engine.txt
+    echo '```'
+fi
+echo
+echo "Raw data: meta.txt, e2e.csv (one row per run), e2e/<policy>-n<N>/{jobs,steps,timeline}.csv and the services'"
+echo "logs, rollout.csv, memory.csv, trainer.csv. Reproduce: \`bench/run.sh$([ "$(meta mode)" = quick ] && echo " --quick")\`."
+} > "$R"
+echo "report: $D/$R"
