@@ -4,7 +4,7 @@
 #   make test         unit tests (Criterion) + integration tests
 #   make test SAN=1   the same under AddressSanitizer + UBSan (objects in build/san/)
 #   make valgrind     unit tests under valgrind memcheck
-#   make bench        benchmarks (engine, ...), results printed with the machine they ran on
+#   make bench        benchmark suite (bench/run.sh; QUICK=1 for the short one), report in bench/results/
 #   make clean
 #
 # Settings: SAN=1, DEBUG=1, ARCH=<-march value> (default native), CUDA=1 (CUDA backend).
@@ -148,8 +148,10 @@ valgrind-run: $(UNIT_BIN)
 	MARLAAS_THREADS=1 valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect \
 	  --show-leak-kinds=definite,indirect --trace-children=yes --trace-children-skip='*redis-server*' -q $(UNIT_BIN) --jobs 1
 
+# The benchmark suite (bench/run.sh): N jobs async vs one by one, rollout, trainer, memory, the
+# engine; report in bench/results/<date>-<host>/. QUICK=1: N in {1, 8}, about 5 minutes.
 bench: all
-	$(BENCH_BIN)
+	bash bench/run.sh $(if $(QUICK),--quick)
 
 # The local multi-tenant demo: a private cluster, four jobs of two tenants, live progress,
 # a before/after table, everything stopped at the end (also on Ctrl-C).

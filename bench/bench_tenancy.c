@@ -2,7 +2,8 @@
 // services run: rollout generation throughput vs batch size and vs distinct adapters in the
 // batch (the continuous-batching generator of the rollout service), resident memory of a rollout
 // runtime with 1 / 32 / 128 adapters loaded, and trainer optimiser steps/s for small per-job
-// batches, one job at a time vs several jobs in one mixed-adapter pass.
+// batches (GRPO groups sharing their prompt, as the trainer service runs them, and without),
+// one job at a time vs several jobs in one mixed-adapter pass.
 //
 //   build/bin/marlaas-bench-tenancy rollout --model DIR [--quick]
 //   build/bin/marlaas-bench-tenancy memory  --model DIR | --shape NAME
@@ -222,7 +223,26 @@ typedef struct {
     float **w, **old;
 } tbatch_t;
 
-static void batch_add(tbatch_t *b, const rl_runtime_t *rt, int job, int item, int G, uint64_t seed) {
+// shared: as the trainer service builds a group (services/trainer/jobs.c): one sequence of the
+// prompt less its last token, computed once, and G samples that attend to it.
+static void batch_push(tbatch_t *b, const int32_t *tok, int len, const float *w, int prefix_of, int prefix_len,
+                       int slot, float adv) {
+    int k = b->n++;
+    b->seqs = xrealloc(b->seqs, sizeof *b->seqs * (size_t)b->n);
+    b->tok = xrealloc(b->tok, sizeof *b->tok * (size_t)b->n);
+    b->w = xrealloc(b->w, sizeof *b->w * (size_t)b->n);
+    b->old = xrealloc(b->old, sizeof *b->old * (size_t)b->n);
+    b->tok[k] = xmalloc(sizeof(int32_t) * (size_t)len);
+    memcpy(b->tok[k], tok, sizeof(int32_t) * (size_t)len);
+    b->w[k] = xcalloc((size_t)len, sizeof(float));
+    if (w) memcpy(b->w[k], w, sizeof(float) * (size_t)len);
+    b->old[k] = xcalloc((size_t)len, sizeof(float));
+    b->seqs[k] = (engine_train_seq_t){.tokens = b->tok[k], .len = len, .slot = slot, .weight = b->w[k],
+                                      .old_logp = b->old[k], .advantage = adv, .prefix_of = prefix_of,
+                                      .prefix_len = prefix_len};
+}
+
+static void batch_add(tbatch_t *b, const rl_runtime_t *rt, int job, int item, int G, uint64_t seed, int shared) {
     task_example_t ex;
     task_example(task_at(job % task_count()), TASK_TRAIN, seed, &ex);
     int32_t *p = NULL, *a = NULL;
@@ -230,30 +250,55 @@ static void batch_add(tbatch_t *b, const rl_runtime_t *rt, int job, int item, in
     int np = tokenizer_encode(rt->tok, ex.prompt, strlen(ex.prompt), &p, err);
     int na = tokenizer_encode(rt->tok, ex.answer, strlen(ex.answer), &a, err);
     task_example_free(&ex);
-    if (np < 1 || na < 0) die("tokenizer", err);
-    for (int g = 0; g < G; g++) {
-        int len = np + na + 1, k = b->n++;
-        b->seqs = xrealloc(b->seqs, sizeof *b->seqs * (size_t)b->n);
-        b->tok = xrealloc(b->tok, sizeof *b->tok * (size_t)b->n);
-        b->w = xrealloc(b->w, sizeof *b->w * (size_t)b->n);
-        b->old = xrealloc(b->old, sizeof *b->old * (size_t)b->n);
-        b->tok[k] = xmalloc(sizeof(int32_t) * (size_t)len);
-        b->w[k] = xcalloc((size_t)len, sizeof(float));
-        b->old[k] = xcalloc((size_t)len, sizeof(float));
-        memcpy(b->tok[k], p, sizeof(int32_t) * (size_t)np);
-        memcpy(b->tok[k] + np, a, sizeof(int32_t) * (size_t)na);
-        b->tok[k][len - 1] = rt->eos;
-        for (int t = np; t < len; t++) b->w[k][t] = 1.0f;
-        b->seqs[k] = (engine_train_seq_t){.tokens = b->tok[k], .len = len, .slot = job, .weight = b->w[k],
-                                          .old_logp = b->old[k], .advantage = (g % 2 ? 1.0f : -1.0f) * (1 + item % 3) / 2.0f};
+    if (np < 2 || na < 0) die("tokenizer", err);
+    int len = np + na + 1, prefix_of = 0, prefix_len = 0;
+    int32_t *seq = xmalloc(sizeof(int32_t) * (size_t)len);
+    float *w = xcalloc((size_t)len, sizeof(float));
+    memcpy(seq, p, sizeof(int32_t) * (size_t)np);
+    memcpy(seq + np, a, sizeof(int32_t) * (size_t)na);
+    seq[len - 1] = rt->eos;
+    for (int t = np; t < len; t++) w[t] = 1.0f;
+    if (shared) {
+        batch_push(b, seq, np - 1, NULL, 0, 0, job, 0.0f);
+        prefix_of = b->n, prefix_len = np - 1;
     }
-    free(p), free(a);
+    for (int g = 0; g < G; g++)
+        batch_push(b, seq, len, w, prefix_of, prefix_len, job, (g % 2 ? 1.0f : -1.0f) * (1 + item % 3) / 2.0f);
+    free(seq), free(w), free(p), free(a);
 }
 
 static void batch_free(tbatch_t *b) {
     for (int i = 0; i < b->n; i++) free(b->tok[i]), free(b->w[i]), free(b->old[i]);
     free(b->seqs), free(b->tok), free(b->w), free(b->old);
     memset(b, 0, sizeof *b);
+}
+
+// One optimiser step of each of K jobs, either one training pass per job or one mixed-adapter
+// pass over all K (the trainer service's way when several jobs are ready at once).
+static double trainer_rate(rl_runtime_t *rt, tbatch_t *per_job, tbatch_t *all, int K, int mixed, float **grads,
+                           optim_t **opt) {
+    char err[ERR_LEN];
+    loss_cfg_t lc = {.kind = LOSS_RL, .temperature = 1.0f, .clip_low = 0.2f, .clip_high = 0.2f};
+    double t = 0;
+    long steps = 0;
+    for (int round = 0; t < min_seconds; round++) {
+        double t0 = util_now();
+        for (int j = 0; j < K; j++) memset(grads[j], 0, sizeof(float) * lora_pool_get(rt->pool, j)->n_params);
+        if (mixed) {
+            int n = 0;
+            while (n < all->n && all->seqs[n].slot < K) n++;
+            if (engine_train(rt->engine, all->seqs, n, &lc, NULL, grads, NULL, 0, err)) die("train", err);
+        } else {
+            for (int j = 0; j < K; j++)
+                if (engine_train(rt->engine, per_job[j].seqs, per_job[j].n, &lc, NULL, grads, NULL, 0, err))
+                    die("train", err);
+        }
+        for (int j = 0; j < K; j++) optim_step(opt[j], lora_pool_get(rt->pool, j)->params, grads[j]);
+        if (round == 0) continue;
+        t += util_now() - t0;
+        steps += K;
+    }
+    return steps / t;
 }
 
 static int cmd_trainer(const char *model, int quick) {
@@ -263,63 +308,58 @@ static int cmd_trainer(const char *model, int quick) {
     rl_runtime_t *rt = rl_runtime_open(model, &cfg, err);
     if (!rt) die(model, err);
     fill_pool(rt->pool, &rt->model->cfg, 0, MAXJ);
-    // one batch per job; behaviour log-probs = the current policy's (ratios near 1, as on-policy)
-    tbatch_t jb[MAXJ] = {0}, all = {0};
+    // per job: its batch with shared prompts and without; all jobs' shared batches in one array
+    tbatch_t shared[MAXJ] = {0}, plain[MAXJ] = {0}, all = {0};
     float *grads[MAXJ];
     optim_t *opt[MAXJ];
     optim_cfg_t oc = optim_defaults();
     oc.lr = 1e-6f;   // the parameters barely move: every measured step sees the same work
+    double tokens[MAXJ], flops[MAXJ];
     for (int j = 0; j < MAXJ; j++) {
         for (int i = 0; i < B; i++) {
-            batch_add(&jb[j], rt, j, i, G, (uint64_t)(j * 1000 + i));
-            batch_add(&all, rt, j, i, G, (uint64_t)(j * 1000 + i));
+            uint64_t seed = (uint64_t)(j * 1000 + i);
+            batch_add(&shared[j], rt, j, i, G, seed, 1);
+            batch_add(&plain[j], rt, j, i, G, seed, 0);
+            batch_add(&all, rt, j, i, G, seed, 1);
         }
         size_t np = lora_pool_get(rt->pool, j)->n_params;
         grads[j] = xcalloc(np, sizeof(float));
         opt[j] = optim_new(&oc, kernels_cpu(), np);
-        if (engine_logprobs(rt->engine, jb[j].seqs, jb[j].n, 1.0f, jb[j].old, NULL, err)) die("logprobs", err);
+        // behaviour log-probs = the current policy's (ratios near 1, as on-policy)
+        if (engine_logprobs(rt->engine, plain[j].seqs, plain[j].n, 1.0f, plain[j].old, NULL, err) ||
+            engine_logprobs(rt->engine, shared[j].seqs, shared[j].n, 1.0f, shared[j].old, NULL, err))
+            die("logprobs", err);
+        // workload of one step: the tokens of its samples (prompt + completion each), and the
+        // FLOPs of the forward plus the backward's input gradients (the same GEMMs again; LoRA's
+        // own gradients not counted) over those tokens without sharing
+        tokens[j] = flops[j] = 0;
+        for (int k = 0; k < plain[j].n; k++) {
+            int len = plain[j].seqs[k].len;
+            tokens[j] += len;
+            flops[j] += 2.0 * engine_forward_flops(rt->model, len, len, len / 2.0);
+        }
     }
-    for (int k = 0; k < all.n; k++) memcpy(all.old[k], jb[k / (B * G)].old[k % (B * G)], sizeof(float) * (size_t)all.seqs[k].len);
-    loss_cfg_t lc = {.kind = LOSS_RL, .temperature = 1.0f, .clip_low = 0.2f, .clip_high = 0.2f};
-    int seqs_per_job = B * G;
+    for (int k = 0, j = -1, q = 0; k < all.n; k++) {
+        if (all.seqs[k].slot != j) j = all.seqs[k].slot, q = 0;
+        memcpy(all.old[k], shared[j].old[q++], sizeof(float) * (size_t)all.seqs[k].len);
+    }
     printf("jobs,mode,steps_per_s,tokens_per_s,tokens_per_step,gflops\n");
     int ks[] = {1, 4, 8, 16, 32};
+    const char *modes[] = {"unshared", "one-by-one", "mixed"};
     for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
         int K = ks[ki];
         if (quick && (K == 4 || K == 16)) continue;
-        double tok_per_job = 0, flop_per_job = 0;   // the jobs differ (one task each): means over the K
-        for (int k = 0; k < seqs_per_job * K; k++) {
-            tok_per_job += all.seqs[k].len;
-            // forward, then the backward's input gradients (the same GEMMs again; LoRA's own
-            // gradients are not counted): 2x the forward
-            flop_per_job += 2.0 * engine_forward_flops(rt->model, all.seqs[k].len, all.seqs[k].len, all.seqs[k].len / 2.0);
-        }
-        tok_per_job /= K, flop_per_job /= K;
-        for (int mixed = 0; mixed <= 1; mixed++) {
-            double t = 0;
-            long steps = 0;
-            for (int round = 0; t < min_seconds; round++) {
-                double t0 = util_now();
-                for (int j0 = 0; j0 < K; j0 += mixed ? K : 1) {
-                    int nj = mixed ? K : 1;
-                    for (int j = j0; j < j0 + nj; j++)
-                        memset(grads[j], 0, sizeof(float) * lora_pool_get(rt->pool, j)->n_params);
-                    if (engine_train(rt->engine, all.seqs + (size_t)j0 * seqs_per_job, nj * seqs_per_job, &lc, NULL,
-                                     grads, NULL, 0, err))
-                        die("train", err);
-                    for (int j = j0; j < j0 + nj; j++) optim_step(opt[j], lora_pool_get(rt->pool, j)->params, grads[j]);
-                }
-                if (round == 0) continue;
-                t += util_now() - t0;
-                steps += K;
-            }
-            printf("%d,%s,%.2f,%.0f,%.0f,%.2f\n", K, mixed ? "mixed" : "one-by-one", steps / t, steps * tok_per_job / t,
-                   tok_per_job, steps * flop_per_job / t / 1e9);
-            fprintf(stderr, "trainer: %2d jobs %-10s %.1f steps/s\n", K, mixed ? "mixed" : "one-by-one", steps / t);
+        double tok = 0, fl = 0;   // the jobs differ (one task each): means over the K measured
+        for (int j = 0; j < K; j++) tok += tokens[j] / K, fl += flops[j] / K;
+        for (int mode = 0; mode < 3; mode++) {
+            double r = trainer_rate(rt, mode == 0 ? plain : shared, &all, K, mode == 2, grads, opt);
+            // GFLOP/s of the unshared work: what the pass replaces, so modes compare directly
+            printf("%d,%s,%.2f,%.0f,%.0f,%.2f\n", K, modes[mode], r, r * tok, tok, r * fl / 1e9);
+            fprintf(stderr, "trainer: %2d jobs %-10s %.1f steps/s\n", K, modes[mode], r);
             fflush(stdout);
         }
     }
-    for (int j = 0; j < MAXJ; j++) batch_free(&jb[j]), free(grads[j]), optim_destroy(&opt[j]);
+    for (int j = 0; j < MAXJ; j++) batch_free(&shared[j]), batch_free(&plain[j]), free(grads[j]), optim_destroy(&opt[j]);
     batch_free(&all);
     rl_runtime_close(&rt);
     return 0;

@@ -37,7 +37,7 @@ log() { printf '[bench %4ds] %s\n' $(( $(date +%s) - T_START )) "$*" >&2; }
 # Every job: the same steps, batch (prompts) and group size, one task per job. The 32 tasks are
 # those of models/micro whose greedy accuracy lies between 2 % and 95 % (see models/micro/README.md),
 # so a job can both rise and be measured rising.
-export MODEL=models/micro STEPS=150 PROMPTS=16 GROUP=8 TEMP=1.3 LR=0.003 EVAL_N=400 TENANTS=4
+export MODEL=models/micro STEPS=200 PROMPTS=16 GROUP=8 TEMP=1.3 LR=0.003 EVAL_N=400 TENANTS=4
 export TASKS="vowels wrap rep csort pad len add1 sub1 mul1 inc pal cmp parity issort count mod xor words max min paren upper rev mul21 second sub2 dsum dedup calc twice spread add2"
 if [ $QUICK = 1 ]; then NS=(1 8); else NS=(1 4 8 16 32); fi
 
@@ -66,12 +66,17 @@ mkdir -p "$E2E"
 header_done=0
 for N in "${NS[@]}"; do
     runs=("sync 1 sync" "async 1 async")
-    # the one-by-one baseline also with two threads per service (it runs one stage at a time)
-    [ "$N" = 1 ] || [ "$N" = 8 ] && runs+=("sync 2 sync-2t")
+    # The one-by-one baseline also with two threads per service: it runs one stage at a time, so
+    # each stage could have both cores (OpenMP threads sleep when idle: OMP_WAIT_POLICY=PASSIVE).
+    if [ "$N" = 1 ] || [ "$N" = 8 ]; then runs+=("sync 2 sync-2t"); fi
+    # A second sync run of the largest N: how far two runs of the same policy differ per job
+    # (GRPO samples differ), the yardstick for the async - sync quality differences.
+    if [ "$N" = "${NS[-1]}" ]; then runs+=("sync 1 sync-repeat"); fi
     for r in "${runs[@]}"; do
         read -r pol th label <<< "$r"
         log "end to end: $label, $N jobs"
-        THREADS=$th LABEL=$label bench/e2e.sh "$pol" "$N" "$E2E" > "$E2E/$label-n$N.out" 2>&1 ||
+        wp=$([ "$th" -gt 1 ] && echo PASSIVE || echo "${OMP_WAIT_POLICY:-}")
+        OMP_WAIT_POLICY=$wp THREADS=$th LABEL=$label bench/e2e.sh "$pol" "$N" "$E2E" > "$E2E/$label-n$N.out" 2>&1 ||
             { tail -n 20 "$E2E/$label-n$N.out" >&2; log "FAILED: $label N=$N (see $E2E/$label-n$N.out)"; }
         f="$E2E/$label-n$N/run.csv"
         if [ -f "$f" ]; then

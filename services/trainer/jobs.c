@@ -74,6 +74,10 @@ tjobs_t *tjobs_new(engine_t *e, store_t *st, const tjobs_cfg_t *cfg, char *err) 
         err_set(err, "max_jobs must be in 1..%d (adapter slots)", lora_pool_slots(engine_pool(e)));
         return NULL;
     }
+    if (cfg->pass_rows < 1) {
+        err_set(err, "pass_rows must be >= 1 (rows of one training pass), got %d", cfg->pass_rows);
+        return NULL;
+    }
     tjobs_t *t = xcalloc(1, sizeof *t);
     t->e = e;
     t->st = st;
@@ -339,6 +343,7 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
     double *rew_sum = xcalloc((size_t)n_ready, sizeof(double)), *stale_sum = xcalloc((size_t)n_ready, sizeof(double));
     double *tokens = xcalloc((size_t)n_ready, sizeof(double)), *gen_s = xcalloc((size_t)n_ready, sizeof(double));
     int *nsamp = xcalloc((size_t)n_ready, sizeof(int)), *nseq = xcalloc((size_t)n_ready, sizeof(int));
+    double *rows = xcalloc((size_t)n_ready, sizeof(double));   // rows the pass computes for the job
     float *grads_by_slot[256] = {0};
     int k = 0;
     for (int r = 0; r < n_ready; r++) {
@@ -360,6 +365,7 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
                 memcpy(tok[k], gr->prompt, sizeof(int32_t) * (size_t)prefix_len);
                 seqs[k] = (engine_train_seq_t){.tokens = tok[k], .len = prefix_len, .slot = j->slot};
                 prefix_of = k + 1;
+                rows[r] += prefix_len;
                 nseq[r]++;
                 k++;
             }
@@ -380,6 +386,7 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
                                                .on_policy = gr->version == j->version, .prefix_of = prefix_of,
                                                .prefix_len = prefix_len};
                 tokens[r] += len;
+                rows[r] += len - prefix_len;
                 nsamp[r]++;
                 nseq[r]++;
             }
@@ -393,10 +400,11 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
     for (int r0 = 0; r0 < n_ready;) {
         int r1 = r0 + 1;
         const jobspec_t *s0 = &ready[r0]->spec;
+        double in_pass = rows[r0];
         while (r1 < n_ready && ready[r1]->spec.temperature == s0->temperature &&
                ready[r1]->spec.clip_low == s0->clip_low && ready[r1]->spec.clip_high == s0->clip_high &&
-               ready[r1]->spec.kl == 0 && s0->kl == 0)
-            r1++;
+               ready[r1]->spec.kl == 0 && s0->kl == 0 && in_pass + rows[r1] <= t->cfg.pass_rows)
+            in_pass += rows[r1++];
         int first = 0, count = 0;
         for (int r = 0; r < r0; r++) first += nseq[r];
         for (int r = r0; r < r1; r++) count += nseq[r];
@@ -494,7 +502,7 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
     }
     for (int i = 0; i < n_seq; i++) free(tok[i]), free(w[i]), free(old[i]);
     free(seqs), free(tok), free(w), free(old), free(rew_sum), free(stale_sum), free(tokens), free(gen_s), free(nsamp);
-    free(nseq);
+    free(nseq), free(rows);
     t->busy += util_now() - t0;
     return n_out;
 }

@@ -24,6 +24,9 @@ typedef struct {
     int max_jobs;          // adapter slots (jobs trained at once)
     int keep_versions;     // adapter versions kept in Redis (>= 2)
     int optim_every;       // optimizer state saved every K steps
+    int pass_rows;         // a mixed-adapter pass takes whole jobs up to about this many rows (at
+                           // least one job): beyond a few thousand rows the activations leave the
+                           // caches and a pass gets slower per row than two smaller ones
     bool shared_prefix;    // a group's prompt is computed once for its G samples (engine_train_seq_t
                            // prefix_of); false: every sample is a full sequence of its own
 } tjobs_cfg_t;

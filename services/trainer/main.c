@@ -14,7 +14,8 @@ static const char *HELP =
     "Trains the jobs' LoRA adapters. Binds --trainer (PULL, scored groups from verifiers) and\n"
     "--trainer-events (PUB, adapter versions); connects --reports (the scheduler).\n"
     "extras: --set max_jobs=64 --set keep_versions=4 --set optim_every=1\n"
-    "        --set shared_prefix=1 (a group's prompt is computed once for its samples; 0 = per sample)";
+    "        --set shared_prefix=1 (a group's prompt is computed once for its samples; 0 = per sample)\n"
+    "        --set pass_rows=2048 (rows of one mixed-adapter training pass; whole jobs, at least one)";
 
 int main(int argc, char **argv) {
     svc_t s;
@@ -42,7 +43,8 @@ int main(int argc, char **argv) {
     engine_t *e = engine_new(m, pool, err);
     tjobs_cfg_t cfg = {.max_jobs = lora_pool_slots(pool), .keep_versions = atoi(svc_extra(&s, "keep_versions", "4")),
                        .optim_every = atoi(svc_extra(&s, "optim_every", "1")),
-                       .shared_prefix = shared_prefix[0] == '1'};
+                       .shared_prefix = shared_prefix[0] == '1',
+                       .pass_rows = atoi(svc_extra(&s, "pass_rows", "2048"))};
     tjobs_t *jobs = tjobs_new(e, st, &cfg, err);
     svc_bind_endpoint(&s, SVC_TRAINER, ep, sizeof ep);
     zsock_t *in = jobs ? bus_bind(ZMQ_PULL, ep, BUS_DEFAULT_HWM, PROTO_MAX_FRAME, err) : NULL;
