@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-[ -n "$OUT" ] || OUT="bench/results/$(date -u +%Y-%m-%d)-$(hostname -s)$([ $QUICK = 1 ] && echo -quick)"
+[ -n "$OUT" ] || OUT="bench/results/$(date -u +%Y-%m-%d)-$(hostname -s)$([ $QUICK = 1 ] && echo -quick || true)"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 make -s all >/dev/null
