@@ -143,9 +143,10 @@ awk -F, 'NR == 1 {for (i = 1; i <= NF; i++) c[$i] = i; next}
     {k++; row[k] = $0; wall[$1, $2] = $(c["wall_s"])}
     END {for (i = 1; i <= k; i++) {split(row[i], f, ",")
         r = (("sync", f[2]) in wall && wall["sync", f[2]] > 0) ? sprintf("%.0f%%", 100 * f[c["wall_s"]] / wall["sync", f[2]]) : "-"
-        printf "| %s | %s | %.1f | %s | %.0f%% / %.0f%% | %.0f%% / %.0f%% | %.0f%% / %.0f%% | %.0f | %.1f | %.1f%% -> %.1f%% |\n",
+        st = (f[c["roll_busy_steady"]] == "") ? "- (run too short)" : sprintf("%.0f%% / %.0f%%", 100 * f[c["roll_busy_steady"]], 100 * f[c["train_busy_steady"]])
+        printf "| %s | %s | %.1f | %s | %.0f%% / %.0f%% | %.0f%% / %.0f%% | %s | %.0f | %.1f | %.1f%% -> %.1f%% |\n",
             f[2], f[1], f[c["wall_s"]], r, 100 * f[c["roll_busy"]], 100 * f[c["roll_cpu"]], 100 * f[c["train_busy"]],
-            100 * f[c["train_cpu"]], 100 * f[c["roll_busy_steady"]], 100 * f[c["train_busy_steady"]],
+            100 * f[c["train_cpu"]], st,
             f[c["tokens_per_s"]], f[c["steps_per_s"]], 100 * f[c["acc0_mean"]], 100 * f[c["acc_mean"]]}}' e2e.csv | sort -t'|' -k2,2n -s
 echo
 echo "Busy: the share of the run's wall time the process spent computing by its own accounting (rollout: generation"

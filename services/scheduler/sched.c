@@ -387,6 +387,9 @@ void sched_tick(sched_t *s) {
         sjob_t *j = s->jobs[i];
         if (j->state != JS_QUEUED || (s->cfg.policy == POLICY_SYNC && running > 0)) continue;
         set_state(s, j, JS_RUNNING, NULL);
+        // the training lease counts from admission: a job that waited in the queue (sync policy)
+        // has had no chance to step yet
+        j->last_step_time = now;
         running++;
         start_eval(s, j);   // the accuracy before training
     }
@@ -477,7 +480,9 @@ void sched_tick(sched_t *s) {
         drop_tasks(s, j->id);
         dataset_destroy(&j->ds);
         free(j);
-        s->jobs[i] = s->jobs[--s->n_jobs];
+        // keep the order of submission: the sync policy admits queued jobs first come, first served
+        memmove(&s->jobs[i], &s->jobs[i + 1], sizeof(sjob_t *) * (size_t)(s->n_jobs - i - 1));
+        s->n_jobs--;
     }
 }
 
