@@ -138,13 +138,13 @@ awk -F, -v pol="$LABEL" -v n="$N" -v wall="$WALL" -v nsteps="$STEPS_DONE" -v s0=
         dt = t[i1] - t[i0]
         print hdr
         # a steady span shorter than ~3 heartbeats (1 s apart) cannot be measured: left empty
-        if (i1 - i0 < 3) st = ",,,"
-        else st = sprintf("%.4f,%.4f,%.4f,%.4f", frac(rb[i1] - rb[i0], ru[i1] - ru[i0]), frac(rc[i1] - rc[i0], dt),
+        if (i1 - i0 < 3) sst = ",,,"
+        else sst = sprintf("%.4f,%.4f,%.4f,%.4f", frac(rb[i1] - rb[i0], ru[i1] - ru[i0]), frac(rc[i1] - rc[i0], dt),
                           frac(tb[i1] - tb[i0], tu[i1] - tu[i0]), frac(tc[i1] - tc[i0], dt))
         printf "%s,%d,%.2f,%.2f,%.4f,%.4f,%.4f,%.4f,%s,%d,%.1f,%d,%.3f,%.4f,%.4f,%d\n",
             pol, n, wall, s1 - s0,
             frac(rb[k] - rb[1], ru[k] - ru[1]), frac(rc[k] - rc[1], t[k] - t[1]),
-            frac(tb[k] - tb[1], tu[k] - tu[1]), frac(tc[k] - tc[1], t[k] - t[1]), st,
+            frac(tb[k] - tb[1], tu[k] - tu[1]), frac(tc[k] - tc[1], t[k] - t[1]), sst,
             tok[k], tok[k] / wall, nsteps, nsteps / wall, (m ? a0 / m : 0), (m ? a1 / m : 0), ok
     }' "$D/timeline.csv" "$D/jobs.csv" > "$D/run.csv"
 cat "$D/run.csv" | tail -n 1
