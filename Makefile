@@ -167,6 +167,7 @@ clean:
 # --- examples and test tools ---------------------------------------------------------------
 # One binary per .c file, linked like the services against the library:
 #   examples/reward_service.c   -> $(BUILD)/bin/reward_service       (an external reward service)
+#   examples/env_service.c      -> $(BUILD)/bin/env_service          (an external environment)
 #   tools/marlaas-fuzz-send.c   -> $(BUILD)/bin/marlaas-fuzz-send    (sends hostile frames; tests)
 EXAMPLE_SRC  := $(wildcard examples/*.c)
 TOOL_SRC     := $(wildcard tools/*.c)

@@ -95,6 +95,7 @@ int cmd_submit(int argc, char **argv) {
         {"eval-n", required_argument, 0, 'N'},    {"temperature", required_argument, 0, 'k'},
         {"staleness", required_argument, 0, 'z'}, {"weight", required_argument, 0, 'w'},
         {"reward-endpoint", required_argument, 0, 'R'}, {"max-new", required_argument, 0, 'x'},
+        {"max-turns", required_argument, 0, 'M'}, {"env-endpoint", required_argument, 0, 'V'},
         {"help", no_argument, 0, 'h'},            {0}};
     int o, bad = 0;
     optind = 1;
@@ -108,6 +109,14 @@ int cmd_submit(int argc, char **argv) {
         case 'T': cJSON_AddStringToObject(spec, "task", optarg); break;
         case 'n': cJSON_AddStringToObject(spec, "name", optarg); break;
         case 'v': cJSON_AddStringToObject(spec, "verifier", optarg); break;
+        case 'M': case 'V': {
+            cJSON *env = cJSON_GetObjectItem(spec, "env");
+            if (!env) env = cJSON_AddObjectToObject(spec, "env");
+            if (o == 'V') cJSON_AddStringToObject(env, "endpoint", optarg);
+            else if (cli_float("--max-turns", optarg, 1, 64, &d)) bad = 1;
+            else cJSON_AddNumberToObject(env, "max_turns", d);
+            break;
+        }
         case 'R': cJSON_AddItemToObject(spec, "reward", cJSON_CreateObject());
                   cJSON_AddStringToObject(cJSON_GetObjectItem(spec, "reward"), "endpoint", optarg); break;
         case 'S': case 'g': case 'p': case 'l': case 'r': case 'A': case 'E': case 'N': case 'k': case 'z': case 'w': case 'x': {
@@ -122,7 +131,8 @@ int cmd_submit(int argc, char **argv) {
         case 'h':
             printf("usage: marlaas submit (--spec FILE.json | --task NAME [--steps N] [--group G] [--prompts B] [--lr LR]\n"
                    "                      [--rank R] [--temperature T] [--staleness ETA] [--weight W] [--eval-every K]\n"
-                   "                      [--eval-n N] [--target-accuracy A] [--max-new T] [--reward-endpoint tcp://...])\n"
+                   "                      [--eval-n N] [--target-accuracy A] [--max-new T] [--reward-endpoint tcp://...]\n"
+                   "                      [--max-turns N] [--env-endpoint tcp://...])\n"
                    "                      [--dataset FILE.jsonl [--verifier exact|numeric[:tol]|regex|choice]] [--name NAME]\n"
                    "Flags override the fields of --spec. The job spec reference is in the README.\n");
             cJSON_Delete(spec);

@@ -1,5 +1,6 @@
 // cmd_eval.c - `marlaas eval`: greedy accuracy with a 95% Wilson interval, for one task, a
-// user dataset, or every built-in task (--all, a markdown table).
+// user dataset, or every built-in task (--all, a markdown table). Tasks with tools run tool
+// episodes (the environment answers the model's calls) unless --no-tools.
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,16 +10,22 @@
 
 static void usage(void) {
     printf("usage: marlaas eval --model DIR [--adapter DIR] (--task NAME | --all | --dataset FILE [--verifier K])\n"
-           "                    [--n N] [--max-new T]\n"
+           "                    [--n N] [--max-new T] [--max-turns K] [--no-tools]\n"
            "  --n N         eval examples per task (default 500)\n"
-           "  --max-new T   tokens generated per answer (default 32)\n"
-           "  --verifier K  exact | numeric[:tol] | regex | choice (datasets; default exact)\n");
+           "  --max-new T   tokens generated per answer, or per model turn of a tool episode (default 32)\n"
+           "  --max-turns K model turns of a tool episode (default %d)\n"
+           "  --no-tools    tasks with tools run single-turn, no tool answers: the model writes the observations\n"
+           "                itself; its one turn gets the whole episode's budget, K x T tokens\n"
+           "  --verifier K  exact | numeric[:tol] | regex | choice (datasets; default exact)\n",
+           RL_EVAL_MAX_TURNS);
 }
 
-static int eval_one(rl_runtime_t *rt, int slot, rl_source_t *src, int n, int max_new) {
+static int eval_one(rl_runtime_t *rt, int slot, rl_source_t *src, int n, int max_new, int max_turns, bool no_tools) {
     char err[ERR_LEN];
     rl_eval_t ev;
-    if (rl_evaluate(rt, slot, src, n, max_new, &ev, err)) {
+    // Without tools the model writes a whole episode in one turn: the same token budget as with.
+    if (no_tools && src->task && src->task->env) max_new *= max_turns;
+    if (rl_evaluate(rt, slot, src, n, max_new, no_tools ? 0 : max_turns, &ev, err)) {
         fprintf(stderr, "marlaas eval: %s: %s\n", src->name, err);
         return -1;
     }
@@ -28,12 +35,14 @@ static int eval_one(rl_runtime_t *rt, int slot, rl_source_t *src, int n, int max
 
 int cmd_eval(int argc, char **argv) {
     const char *model = NULL, *adapter = NULL, *task = NULL, *dataset = NULL, *verifier = NULL;
-    long n = 500, max_new = 32;
+    long n = 500, max_new = 32, max_turns = RL_EVAL_MAX_TURNS;
     int all = 0;
+    bool no_tools = false;
     static struct option opts[] = {{"model", required_argument, 0, 'm'},   {"adapter", required_argument, 0, 'a'},
                                    {"task", required_argument, 0, 't'},    {"all", no_argument, 0, 'A'},
                                    {"dataset", required_argument, 0, 'd'}, {"verifier", required_argument, 0, 'v'},
                                    {"n", required_argument, 0, 'n'},       {"max-new", required_argument, 0, 'x'},
+                                   {"max-turns", required_argument, 0, 'T'}, {"no-tools", no_argument, 0, 'N'},
                                    {"help", no_argument, 0, 'h'},          {0}};
     int o;
     optind = 1;
@@ -47,6 +56,8 @@ int cmd_eval(int argc, char **argv) {
         case 'v': verifier = optarg; break;
         case 'n': if (cli_int("--n", optarg, 1, 1000000, &n)) return 2; break;
         case 'x': if (cli_int("--max-new", optarg, 1, 4096, &max_new)) return 2; break;
+        case 'T': if (cli_int("--max-turns", optarg, 1, 64, &max_turns)) return 2; break;
+        case 'N': no_tools = true; break;
         case 'h': usage(); return 0;
         default: usage(); return 2;
         }
@@ -79,7 +90,7 @@ int cmd_eval(int argc, char **argv) {
         for (int i = 0; i < task_count() && rc == 0; i++) {
             rl_source_t src = {.task = task_at(i)};
             snprintf(src.name, sizeof src.name, "%s", task_at(i)->name);
-            rc = eval_one(rt, slot, &src, (int)n, (int)max_new);
+            rc = eval_one(rt, slot, &src, (int)n, (int)max_new, (int)max_turns, no_tools);
         }
     } else {
         rl_source_t src;
@@ -89,7 +100,7 @@ int cmd_eval(int argc, char **argv) {
             return 1;
         }
         fputs(header, stdout);
-        rc = eval_one(rt, slot, &src, (int)n, (int)max_new);
+        rc = eval_one(rt, slot, &src, (int)n, (int)max_new, (int)max_turns, no_tools);
         rl_source_close(&src);
     }
     rl_runtime_close(&rt);

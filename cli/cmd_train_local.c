@@ -174,7 +174,7 @@ int cmd_train_local(int argc, char **argv) {
     for (long step = 0; step <= o.steps; step++) {
         if (o.eval_n > 0 && (step % o.eval_every == 0 || step == o.steps)) {
             rl_eval_t ev;
-            if (rl_evaluate(rt, 0, &src, (int)o.eval_n, (int)o.max_new, &ev, err)) {
+            if (rl_evaluate(rt, 0, &src, (int)o.eval_n, (int)o.max_new, RL_EVAL_MAX_TURNS, &ev, err)) {
                 fprintf(stderr, "marlaas train-local: eval: %s\n", err);
                 goto done;
             }

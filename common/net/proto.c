@@ -17,7 +17,12 @@
 //                     s: [SAMPLES] array of
 //                       {tok: [TOKENS] array of token,
 //                        lp: bin of 4 * len(tok) bytes, each log-prob a little-endian float32,
-//                        text: str[TEXT], fin: 1..3, r: f32, fail: bool}}
+//                        text: str[TEXT], fin: 1..3, r: f32, fail: bool,
+//                        multi-turn only: env: bin of len(tok) bytes (1 = environment's token),
+//                        turns: 1..TURNS, pend: bool, obs: str?[TEXT], rw: bool}}
+//                  optional (absent = 0 / 1): max_new: u32  top_k: u32  turns: 1..TURNS
+//                  ctx: u32  top_p: f32  seed: u64
+//   "cont"         as "done": episodes of which some await their next turn (pend, obs)
 //                  token = uint 0..INT32_MAX
 //   "report"       kind: 1..4   job: str[ID]   src: str[ID]   task: u64   tk: 0|1   n: u32
 //                  rsum: f64   correct: u32   errors: u32   step: u32   ver: u32   error: str?[STR]
@@ -26,6 +31,9 @@
 //                  completions: [SAMPLES] array of str[TEXT]   meta: str?[STR]
 //   "reward_rep"   id: u64   rewards: [SAMPLES] array of f64, nil when error is set
 //                  error: str?[STR]
+//   "env_req"      id: u64   job: str[ID]   prompt: str[TEXT]   transcript: str[TEXT]   turn: u32
+//   "env_rep"      id: u64   done: bool   obs: str?[TEXT] (a string when done is false)
+//                  reward: f64? (a number when done is true)   error: str?[STR]
 //   "req"          id: u64   op: str[ID]   token: str[STR]   args: argmap
 //   "rep"          id: u64   ok: bool   error: str?[STR] (a string when ok is false)
 //                  result: argmap
@@ -700,9 +708,9 @@ static void proto_enc_args(proto_enc_t *e, const proto_args_t *a) {
 // "task"
 
 enum { TK_T, TK_V, TK_TASK, TK_JOB, TK_VER, TK_KIND, TK_G, TK_MAX_NEW, TK_TEMP, TK_TOP_P, TK_TOP_K, TK_SEED,
-       TK_ITEMS, TK_N };
+       TK_ITEMS, TK_TURNS, TK_CTX, TK_N };
 static const char *const proto_task_keys[TK_N] = {"t", "v", "task", "job", "ver", "kind", "g", "max_new",
-                                                  "temp", "top_p", "top_k", "seed", "items"};
+                                                  "temp", "top_p", "top_k", "seed", "items", "turns", "ctx"};
 enum { IT_I, IT_P, IT_N };
 static const char *const proto_item_keys[IT_N] = {"i", "p"};
 
@@ -739,7 +747,21 @@ int proto_task_encode(const proto_task_t *m, proto_buf_t *out) {
         proto_enc_key(&e, "p");
         proto_enc_str(&e, m->items[i].prompt, PROTO_MAX_TEXT, false);
     }
+    proto_enc_key(&e, "turns");
+    proto_enc_uint(&e, m->max_turns ? m->max_turns : 1, PROTO_MAX_TURNS);
+    proto_enc_key(&e, "ctx");
+    proto_enc_uint(&e, m->max_ctx, PROTO_MAX_TOKENS);
     return proto_enc_end(&e);
+}
+
+// An optional unsigned field: absent gives def.
+static int proto_opt_u32(const proto_dec_t *d, const msgpack_object *o, const char *pre, const char *name,
+                         uint32_t lo, uint32_t hi, uint32_t def, uint32_t *out) {
+    if (!o) {
+        *out = def;
+        return 0;
+    }
+    return proto_get_u32(d, o, pre, name, lo, hi, out);
 }
 
 int proto_task_decode(const void *frame, size_t len, proto_task_t *m, char *err) {
@@ -761,7 +783,9 @@ int proto_task_decode(const void *frame, size_t len, proto_task_t *m, char *err)
         proto_get_f32(&d, f[TK_TOP_P], "", "top_p", &m->top_p) ||
         proto_get_u32(&d, f[TK_TOP_K], "", "top_k", 0, UINT32_MAX, &m->top_k) ||
         proto_get_uint(&d, f[TK_SEED], "", "seed", 0, UINT64_MAX, &m->seed) ||
-        proto_get_array(&d, f[TK_ITEMS], "", "items", PROTO_MAX_ITEMS, &items))
+        proto_get_array(&d, f[TK_ITEMS], "", "items", PROTO_MAX_ITEMS, &items) ||
+        proto_opt_u32(&d, f[TK_TURNS], "", "turns", 1, PROTO_MAX_TURNS, 1, &m->max_turns) ||
+        proto_opt_u32(&d, f[TK_CTX], "", "ctx", 0, PROTO_MAX_TOKENS, 0, &m->max_ctx))
         goto fail;
     m->kind = (proto_kind_t)kind;
     if (items->size) {
@@ -799,16 +823,30 @@ void proto_task_free(proto_task_t *m) {
 // ---------------------------------------------------------------------------------------------
 // "done" / "scored"
 
-enum { BA_T, BA_V, BA_TASK, BA_JOB, BA_VER, BA_KIND, BA_TEMP, BA_WORKER, BA_GEN_S, BA_GROUPS, BA_N };
+enum { BA_T, BA_V, BA_TASK, BA_JOB, BA_VER, BA_KIND, BA_TEMP, BA_WORKER, BA_GEN_S, BA_GROUPS, BA_MAX_NEW, BA_TOP_K,
+       BA_TURNS, BA_CTX, BA_TOP_P, BA_SEED, BA_N };
 static const char *const proto_batch_keys[BA_N] = {"t", "v", "task", "job", "ver", "kind", "temp", "worker",
-                                                   "gen_s", "groups"};
+                                                   "gen_s", "groups", "max_new", "top_k", "turns", "ctx",
+                                                   "top_p", "seed"};
 enum { GR_I, GR_P, GR_S, GR_N };
 static const char *const proto_group_keys[GR_N] = {"i", "p", "s"};
-enum { SA_TOK, SA_LP, SA_TEXT, SA_FIN, SA_R, SA_FAIL, SA_N };
-static const char *const proto_sample_keys[SA_N] = {"tok", "lp", "text", "fin", "r", "fail"};
+enum { SA_TOK, SA_LP, SA_TEXT, SA_FIN, SA_R, SA_FAIL, SA_ENV, SA_TURNS, SA_PEND, SA_OBS, SA_RW, SA_N };
+static const char *const proto_sample_keys[SA_N] = {"tok", "lp", "text", "fin", "r", "fail", "env", "turns",
+                                                    "pend", "obs", "rw"};
 
 static bool proto_batch_type_ok(const char *type) {
-    return type && (strcmp(type, "done") == 0 || strcmp(type, "scored") == 0);
+    return type && (strcmp(type, "done") == 0 || strcmp(type, "scored") == 0 || strcmp(type, "cont") == 0);
+}
+
+// The environment mask: one byte per token, present only when some token is the environment's.
+static bool proto_has_env(const proto_sample_t *s) {
+    for (uint32_t i = 0; s->env && i < s->n; i++)
+        if (s->env[i]) return true;
+    return false;
+}
+
+static bool proto_multi_turn(const proto_sample_t *s) {
+    return s->turns > 1 || s->pending || s->obs || s->rewarded || proto_has_env(s);
 }
 
 int proto_batch_encode(const char *type, const proto_batch_t *m, proto_buf_t *out) {
@@ -829,6 +867,18 @@ int proto_batch_encode(const char *type, const proto_batch_t *m, proto_buf_t *ou
     proto_enc_str(&e, m->worker, PROTO_ID_LEN, false);
     proto_enc_key(&e, "gen_s");
     proto_enc_f64(&e, m->gen_seconds);
+    proto_enc_key(&e, "max_new");
+    proto_enc_uint(&e, m->max_new, PROTO_MAX_TOKENS);
+    proto_enc_key(&e, "top_k");
+    proto_enc_uint(&e, m->top_k, UINT32_MAX);
+    proto_enc_key(&e, "turns");
+    proto_enc_uint(&e, m->max_turns ? m->max_turns : 1, PROTO_MAX_TURNS);
+    proto_enc_key(&e, "ctx");
+    proto_enc_uint(&e, m->max_ctx, PROTO_MAX_TOKENS);
+    proto_enc_key(&e, "top_p");
+    proto_enc_f32(&e, m->top_p);
+    proto_enc_key(&e, "seed");
+    proto_enc_uint(&e, m->seed, UINT64_MAX);
     proto_enc_key(&e, "groups");
     proto_enc_array(&e, m->n_groups, PROTO_MAX_ITEMS, m->groups);
     for (uint32_t i = 0; i < m->n_groups && !e.bad; i++) {
@@ -842,7 +892,9 @@ int proto_batch_encode(const char *type, const proto_batch_t *m, proto_buf_t *ou
         proto_enc_array(&e, g->n_samples, PROTO_MAX_SAMPLES, g->samples);
         for (uint32_t j = 0; j < g->n_samples && !e.bad; j++) {
             const proto_sample_t *s = &g->samples[j];
-            proto_enc_rc(&e, msgpack_pack_map(&e.pk, SA_N));
+            bool multi = proto_multi_turn(s), env = proto_has_env(s);
+            // multi-turn: the six fields, turns, pend and rw, then env and obs when present
+            proto_enc_rc(&e, msgpack_pack_map(&e.pk, multi ? SA_ENV + 3 + (env ? 1 : 0) + (s->obs ? 1 : 0) : SA_ENV));
             proto_enc_key(&e, "tok");
             proto_enc_tokens(&e, s->tokens, s->n);
             proto_enc_key(&e, "lp");
@@ -856,6 +908,22 @@ int proto_batch_encode(const char *type, const proto_batch_t *m, proto_buf_t *ou
             proto_enc_f32(&e, s->reward);
             proto_enc_key(&e, "fail");
             proto_enc_bool(&e, s->failed != 0);
+            if (!multi) continue;
+            if (env) {
+                proto_enc_key(&e, "env");
+                if (!e.bad) proto_enc_rc(&e, msgpack_pack_bin(&e.pk, s->n));
+                if (!e.bad) proto_enc_rc(&e, msgpack_pack_bin_body(&e.pk, s->env, s->n));
+            }
+            proto_enc_key(&e, "turns");
+            proto_enc_uint(&e, s->turns ? s->turns : 1, PROTO_MAX_TURNS);
+            proto_enc_key(&e, "pend");
+            proto_enc_bool(&e, s->pending != 0);
+            proto_enc_key(&e, "rw");
+            proto_enc_bool(&e, s->rewarded != 0);
+            if (s->obs) {
+                proto_enc_key(&e, "obs");
+                proto_enc_str(&e, s->obs, PROTO_MAX_TEXT, false);
+            }
         }
     }
     return proto_enc_end(&e);
@@ -894,6 +962,30 @@ static int proto_sample_decode(const proto_dec_t *d, const msgpack_object *o, co
         return -1;
     s->finish = (uint8_t)fin;
     s->failed = failed ? 1 : 0;
+    const msgpack_object *env = f[SA_ENV];
+    if (env) {
+        if (env->type != MSGPACK_OBJECT_BIN)
+            return proto_fail(d, "field '%senv' must be a binary, not %s", dot, proto_type_name(env->type));
+        if (env->via.bin.size != s->n)
+            return proto_fail(d, "field '%senv' has %" PRIu32 " bytes, expected one per token (%" PRIu32 ")", dot,
+                              env->via.bin.size, s->n);
+        if (s->n) {
+            s->env = xmalloc(s->n);
+            for (uint32_t i = 0; i < s->n; i++) s->env[i] = ((const uint8_t *)env->via.bin.ptr)[i] ? 1 : 0;
+        }
+    }
+    bool pending = false, rewarded = false;
+    if (proto_opt_u32(d, f[SA_TURNS], dot, "turns", 1, PROTO_MAX_TURNS, 1, &s->turns) ||
+        (f[SA_PEND] && proto_get_bool(d, f[SA_PEND], dot, "pend", &pending)) ||
+        (f[SA_RW] && proto_get_bool(d, f[SA_RW], dot, "rw", &rewarded)) ||
+        proto_get_str(d, f[SA_OBS], dot, "obs", PROTO_MAX_TEXT, true, &s->obs))
+        return -1;
+    s->pending = pending ? 1 : 0;
+    s->rewarded = rewarded ? 1 : 0;
+    // "done": pend marks a turn that ended at a tool call (the verifier steps it); "cont": the
+    // episode goes on with the observation the environment gave
+    if (s->pending && !s->obs && !strcmp(d->msg, "cont"))
+        return proto_fail(d, "field '%spend' is true but '%sobs' is missing", dot, dot);
     return 0;
 }
 
@@ -938,7 +1030,13 @@ int proto_batch_decode(const char *type, const void *frame, size_t len, proto_ba
         proto_get_f32(&d, f[BA_TEMP], "", "temp", &m->temperature) ||
         proto_get_str(&d, f[BA_WORKER], "", "worker", PROTO_ID_LEN, false, &m->worker) ||
         proto_get_num(&d, f[BA_GEN_S], "", "gen_s", false, &m->gen_seconds) ||
-        proto_get_array(&d, f[BA_GROUPS], "", "groups", PROTO_MAX_ITEMS, &groups))
+        proto_get_array(&d, f[BA_GROUPS], "", "groups", PROTO_MAX_ITEMS, &groups) ||
+        proto_opt_u32(&d, f[BA_MAX_NEW], "", "max_new", 0, PROTO_MAX_TOKENS, 0, &m->max_new) ||
+        proto_opt_u32(&d, f[BA_TOP_K], "", "top_k", 0, UINT32_MAX, 0, &m->top_k) ||
+        proto_opt_u32(&d, f[BA_TURNS], "", "turns", 1, PROTO_MAX_TURNS, 1, &m->max_turns) ||
+        proto_opt_u32(&d, f[BA_CTX], "", "ctx", 0, PROTO_MAX_TOKENS, 0, &m->max_ctx) ||
+        (f[BA_TOP_P] && proto_get_f32(&d, f[BA_TOP_P], "", "top_p", &m->top_p)) ||
+        (f[BA_SEED] && proto_get_uint(&d, f[BA_SEED], "", "seed", 0, UINT64_MAX, &m->seed)))
         goto fail;
     m->kind = (proto_kind_t)kind;
     if (groups->size) {
@@ -963,6 +1061,8 @@ void proto_batch_free(proto_batch_t *m) {
             free(g->samples[j].tokens);
             free(g->samples[j].logprobs);
             free(g->samples[j].text);
+            free(g->samples[j].env);
+            free(g->samples[j].obs);
         }
         free(g->samples);
         free(g->prompt);
@@ -1414,5 +1514,115 @@ void proto_rep_free(proto_rep_t *m) {
     if (!m) return;
     free(m->error);
     proto_args_free(&m->result);
+    memset(m, 0, sizeof *m);
+}
+
+// ---------------------------------------------------------------------------------------------
+// "env_req" / "env_rep"
+
+enum { EQ_T, EQ_V, EQ_ID, EQ_JOB, EQ_PROMPT, EQ_TRANSCRIPT, EQ_TURN, EQ_N };
+static const char *const proto_env_req_keys[EQ_N] = {"t", "v", "id", "job", "prompt", "transcript", "turn"};
+enum { EP_T, EP_V, EP_ID, EP_DONE, EP_OBS, EP_REWARD, EP_ERROR, EP_N };
+static const char *const proto_env_rep_keys[EP_N] = {"t", "v", "id", "done", "obs", "reward", "error"};
+
+int proto_env_req_encode(const proto_env_req_t *m, proto_buf_t *out) {
+    if (!m || !out) return -1;
+    proto_enc_t e;
+    proto_enc_begin(&e, out, "env_req", EQ_N - 2);
+    proto_enc_key(&e, "id");
+    proto_enc_uint(&e, m->id, UINT64_MAX);
+    proto_enc_key(&e, "job");
+    proto_enc_str(&e, m->job, PROTO_ID_LEN, false);
+    proto_enc_key(&e, "prompt");
+    proto_enc_str(&e, m->prompt, PROTO_MAX_TEXT, false);
+    proto_enc_key(&e, "transcript");
+    proto_enc_str(&e, m->transcript, PROTO_MAX_TEXT, false);
+    proto_enc_key(&e, "turn");
+    proto_enc_uint(&e, m->turn, PROTO_MAX_TURNS);
+    return proto_enc_end(&e);
+}
+
+int proto_env_req_decode(const void *frame, size_t len, proto_env_req_t *m, char *err) {
+    const proto_dec_t d = {"env_req", err};
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    memset(m, 0, sizeof *m);
+    const msgpack_object *f[EQ_N];
+    if (proto_open(&d, frame, len, &u, proto_env_req_keys, EQ_N, f) ||
+        proto_get_uint(&d, f[EQ_ID], "", "id", 0, UINT64_MAX, &m->id) ||
+        proto_get_str(&d, f[EQ_JOB], "", "job", PROTO_ID_LEN, false, &m->job) ||
+        proto_get_str(&d, f[EQ_PROMPT], "", "prompt", PROTO_MAX_TEXT, false, &m->prompt) ||
+        proto_get_str(&d, f[EQ_TRANSCRIPT], "", "transcript", PROTO_MAX_TEXT, false, &m->transcript) ||
+        proto_get_u32(&d, f[EQ_TURN], "", "turn", 0, PROTO_MAX_TURNS, &m->turn)) {
+        msgpack_unpacked_destroy(&u);
+        proto_env_req_free(m);
+        return -1;
+    }
+    msgpack_unpacked_destroy(&u);
+    return 0;
+}
+
+void proto_env_req_free(proto_env_req_t *m) {
+    if (!m) return;
+    free(m->job);
+    free(m->prompt);
+    free(m->transcript);
+    memset(m, 0, sizeof *m);
+}
+
+int proto_env_rep_encode(const proto_env_rep_t *m, proto_buf_t *out) {
+    if (!m || !out) return -1;
+    proto_enc_t e;
+    proto_enc_begin(&e, out, "env_rep", EP_N - 2);
+    proto_enc_key(&e, "id");
+    proto_enc_uint(&e, m->id, UINT64_MAX);
+    proto_enc_key(&e, "done");
+    proto_enc_bool(&e, m->done);
+    proto_enc_key(&e, "obs");
+    // an observation exactly when the episode goes on (and no error)
+    if (!m->error && (m->done ? m->obs != NULL : m->obs == NULL)) e.bad = true;
+    proto_enc_str(&e, m->done || m->error ? NULL : m->obs, PROTO_MAX_TEXT, true);
+    proto_enc_key(&e, "reward");
+    if (!e.bad) {
+        if (m->done && !m->error) proto_enc_f64(&e, m->reward);
+        else proto_enc_rc(&e, msgpack_pack_nil(&e.pk));
+    }
+    proto_enc_key(&e, "error");
+    proto_enc_str(&e, m->error, PROTO_MAX_STR, true);
+    return proto_enc_end(&e);
+}
+
+int proto_env_rep_decode(const void *frame, size_t len, proto_env_rep_t *m, char *err) {
+    const proto_dec_t d = {"env_rep", err};
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    memset(m, 0, sizeof *m);
+    const msgpack_object *f[EP_N];
+    bool done = false;
+    if (proto_open(&d, frame, len, &u, proto_env_rep_keys, EP_N, f) ||
+        proto_get_uint(&d, f[EP_ID], "", "id", 0, UINT64_MAX, &m->id) ||
+        proto_get_str(&d, f[EP_ERROR], "", "error", PROTO_MAX_STR, true, &m->error))
+        goto fail;
+    if (!m->error) {
+        if (proto_get_bool(&d, f[EP_DONE], "", "done", &done)) goto fail;
+        m->done = done;
+        if (done) {
+            if (proto_get_num(&d, f[EP_REWARD], "", "reward", false, &m->reward)) goto fail;
+        } else if (proto_get_str(&d, f[EP_OBS], "", "obs", PROTO_MAX_TEXT, false, &m->obs)) {
+            goto fail;
+        }
+    }
+    msgpack_unpacked_destroy(&u);
+    return 0;
+fail:
+    msgpack_unpacked_destroy(&u);
+    proto_env_rep_free(m);
+    return -1;
+}
+
+void proto_env_rep_free(proto_env_rep_t *m) {
+    if (!m) return;
+    free(m->obs);
+    free(m->error);
     memset(m, 0, sizeof *m);
 }

@@ -33,6 +33,7 @@
 #define PROTO_MAX_SAMPLES 256            // samples per prompt (group size)
 #define PROTO_MAX_TOKENS 8192            // tokens in one prompt or completion
 #define PROTO_MAX_ARGS 64                // entries in an API request's argument map
+#define PROTO_MAX_TURNS 64               // model turns in one episode
 
 typedef struct {
     uint8_t *data;
@@ -65,6 +66,11 @@ typedef struct {
     uint64_t seed;
     uint32_t n_items;
     proto_item_t *items;
+    // Multi-turn episodes (optional on the wire; absent = 1 and 0): model turns per episode (a
+    // turn also ends at a tool call when > 1) and the most tokens an episode may hold, prompt,
+    // turns and observations together (0 = the model's context).
+    uint32_t max_turns;
+    uint32_t max_ctx;
 } proto_task_t;
 
 int proto_task_encode(const proto_task_t *m, proto_buf_t *out);
@@ -74,14 +80,24 @@ void proto_task_free(proto_task_t *m);
 // --- rollout -> verifier ("done"); verifier -> trainer ("scored") -----------------------------
 typedef enum { PROTO_FIN_EOS = 1, PROTO_FIN_STOP = 2, PROTO_FIN_LENGTH = 3 } proto_finish_t;
 
+// A sample is one episode. Single-turn: the completion. Multi-turn: every model turn and every
+// observation of the environment so far, in order, as tokens (env marks the observation
+// tokens, which carry log-prob 0 and no loss) and as text (the transcript).
 typedef struct {
     uint32_t n;            // tokens
     int32_t *tokens;       // (n)
     float *logprobs;       // (n) behaviour log-probs under softmax(logits / temperature)
-    char *text;            // decoded completion (stop string removed)
+    char *text;            // decoded completion (stop string removed); multi-turn: the transcript
     uint8_t finish;        // proto_finish_t
     float reward;          // set by the verifier ("scored"); 0 in "done"
     uint8_t failed;        // the reward could not be computed (external service down): reward 0
+    // multi-turn (optional on the wire; absent = single-turn values)
+    uint8_t *env;          // (n) 1 = token written by the environment; NULL = none
+    uint32_t turns;        // model turns so far (0 is read as 1)
+    uint8_t pending;       // "done": the turn ended at a tool call; "cont": the episode goes on,
+                           // obs is appended, then the model's next turn
+    char *obs;             // the observation to append ("cont"; required there), already in text
+    uint8_t rewarded;      // an external environment ended the episode: reward is final
 } proto_sample_t;
 
 typedef struct {
@@ -102,9 +118,15 @@ typedef struct {
     double gen_seconds;    // compute time the rollout spent on this task (cost accounting)
     uint32_t n_groups;
     proto_group_t *groups;
+    // the task's sampling settings, so an episode's next turn samples like its first (optional
+    // on the wire; a "cont" batch needs them)
+    uint32_t max_new, top_k, max_turns, max_ctx;
+    float top_p;
+    uint64_t seed;
 } proto_batch_t;
 
-// type is "done" (rollout -> verifier) or "scored" (verifier -> trainer; rewards set).
+// type is "done" (rollout -> verifier), "scored" (verifier -> trainer; rewards set) or "cont"
+// (verifier -> scheduler -> rollout: episodes of which some await their next turn).
 int proto_batch_encode(const char *type, const proto_batch_t *m, proto_buf_t *out);
 int proto_batch_decode(const char *type, const void *frame, size_t len, proto_batch_t *m, char *err);
 void proto_batch_free(proto_batch_t *m);
@@ -171,6 +193,34 @@ void proto_reward_req_free(proto_reward_req_t *m);
 int proto_reward_rep_encode(const proto_reward_rep_t *m, proto_buf_t *out);
 int proto_reward_rep_decode(const void *frame, size_t len, proto_reward_rep_t *m, char *err);
 void proto_reward_rep_free(proto_reward_rep_t *m);
+
+// --- external environment service ("env_req" / "env_rep") --------------------------------------
+// One request per episode step: the episode's transcript so far (every model turn and
+// observation after the prompt) after a model turn. The service answers with an observation
+// (done = false: it is appended and the model continues) or ends the episode with its reward
+// (done = true), or with an error.
+typedef struct {
+    uint64_t id;
+    char *job;
+    char *prompt;
+    char *transcript;
+    uint32_t turn;         // model turns so far (1 after the first)
+} proto_env_req_t;
+
+typedef struct {
+    uint64_t id;
+    bool done;
+    char *obs;             // done = false
+    double reward;         // done = true, clipped to [0, 1] by the verifier
+    char *error;           // NULL or a message (then done, obs and reward are ignored)
+} proto_env_rep_t;
+
+int proto_env_req_encode(const proto_env_req_t *m, proto_buf_t *out);
+int proto_env_req_decode(const void *frame, size_t len, proto_env_req_t *m, char *err);
+void proto_env_req_free(proto_env_req_t *m);
+int proto_env_rep_encode(const proto_env_rep_t *m, proto_buf_t *out);
+int proto_env_rep_decode(const void *frame, size_t len, proto_env_rep_t *m, char *err);
+void proto_env_rep_free(proto_env_rep_t *m);
 
 // --- API: client <-> scheduler ("req" / "rep") ----------------------------------------------------
 // A request names an operation and carries a token and string/int/binary arguments; a reply

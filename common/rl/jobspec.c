@@ -33,6 +33,8 @@ void jobspec_defaults(jobspec_t *s) {
     s->weight = 1.0f;
     s->seed = 1;
     s->reward_timeout_ms = 2000;
+    s->max_turns = 1;
+    s->env_timeout_ms = 5000;
     s->reward_retries = 1;
 }
 
@@ -148,6 +150,25 @@ int jobspec_parse(jobspec_t *s, const char *json, char *err) {
                     if (e) break;
                 }
             }
+        } else if (!strcmp(k, "env")) {
+            if (!cJSON_IsObject(v)) {
+                e = err_set(err, "spec.env must be an object {max_turns, max_context, endpoint, timeout_ms}");
+            } else {
+                const cJSON *r;
+                cJSON_ArrayForEach(r, v) {
+                    const char *rk = r->string;
+                    if (!strcmp(rk, "max_turns")) e = get_int(r, "env.max_turns", 1, 64, &s->max_turns, err);
+                    else if (!strcmp(rk, "max_context")) e = get_int(r, "env.max_context", 0, 8192, &s->max_context, err);
+                    else if (!strcmp(rk, "timeout_ms")) e = get_int(r, "env.timeout_ms", 10, 600000, &s->env_timeout_ms, err);
+                    else if (!strcmp(rk, "endpoint")) {
+                        e = get_str(r, "env.endpoint", s->env_endpoint, sizeof s->env_endpoint, err);
+                        if (!e && strncmp(s->env_endpoint, "tcp://", 6) && strncmp(s->env_endpoint, "ipc://", 6))
+                            e = err_set(err, "spec.env.endpoint must be tcp://host:port or ipc://path, got '%s'",
+                                        s->env_endpoint);
+                    } else e = err_set(err, "spec.env: unknown field '%s'", rk);
+                    if (e) break;
+                }
+            }
         } else e = err_set(err, "spec: unknown field '%s'", k);
         if (e) goto done;
     }
@@ -157,6 +178,15 @@ int jobspec_parse(jobspec_t *s, const char *json, char *err) {
     }
     if (!s->dataset && !task_find(s->task)) {
         err_set(err, "spec.task: unknown task '%s' (see `marlaas tasks`; set \"dataset\": true to upload one)", s->task);
+        goto done;
+    }
+    if (s->env_endpoint[0] && s->reward_endpoint[0]) {
+        err_set(err, "spec.env.endpoint rewards the episodes itself: leave spec.reward out");
+        goto done;
+    }
+    if (s->max_turns > 1 && !s->env_endpoint[0] && (s->dataset || !task_find(s->task)->env)) {
+        err_set(err, "spec.env.max_turns %d: task '%s' has no tools; give an environment (spec.env.endpoint) or "
+                "use a task with tools (tcalc, tlook; see `marlaas tasks`)", s->max_turns, s->task);
         goto done;
     }
     if (!s->name[0]) snprintf(s->name, sizeof s->name, "%s", s->task);
@@ -201,6 +231,13 @@ char *jobspec_to_json(const jobspec_t *s) {
         cJSON_AddNumberToObject(r, "timeout_ms", s->reward_timeout_ms);
         cJSON_AddNumberToObject(r, "retries", s->reward_retries);
         cJSON_AddStringToObject(r, "on_failure", s->reward_on_failure == REWARD_FAIL_JOB ? "fail" : "zero");
+    }
+    if (s->max_turns > 1 || s->max_context || s->env_endpoint[0]) {
+        cJSON *r = cJSON_AddObjectToObject(o, "env");
+        cJSON_AddNumberToObject(r, "max_turns", s->max_turns);
+        cJSON_AddNumberToObject(r, "max_context", s->max_context);
+        if (s->env_endpoint[0]) cJSON_AddStringToObject(r, "endpoint", s->env_endpoint);
+        cJSON_AddNumberToObject(r, "timeout_ms", s->env_timeout_ms);
     }
     char *txt = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);

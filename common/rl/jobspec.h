@@ -41,6 +41,12 @@ typedef struct {
     int reward_timeout_ms;       // per request (default 2000)
     int reward_retries;          // extra tries after a timeout (default 1)
     reward_failure_t reward_on_failure;   // "zero" (default: reward 0, counted) or "fail" (fail the job)
+    // multi-turn episodes ("env": {...}): the model may call a tool, the environment answers,
+    // the model goes on; only the episode's end is rewarded
+    int max_turns;               // model turns per episode, 1..64 (default 1 = single turn)
+    int max_context;             // tokens an episode may hold, prompt and observations included (0 = the model's)
+    char env_endpoint[256];      // external environment service (tcp://host:port), empty = the task's own tools
+    int env_timeout_ms;          // per environment step (default 5000)
 } jobspec_t;
 
 void jobspec_defaults(jobspec_t *s);

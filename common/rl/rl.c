@@ -1,10 +1,13 @@
-// rl.c - runtime construction, task sources, GRPO advantages, greedy evaluation.
+// rl.c - runtime construction, task sources, GRPO advantages, greedy evaluation (single-turn, and
+// tool episodes for tasks with an environment).
 #include "common/rl/rl.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/tasks/env.h"
 
 // --- runtime ------------------------------------------------------------------------------------
 
@@ -135,9 +138,121 @@ void rl_wilson(int k, int n, double *lo, double *hi) {
     *hi = c + h > 1.0 ? 1.0 : c + h;
 }
 
-int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int n, int max_new, rl_eval_t *out, char *err) {
+// Whether a turn stopped at a tool call: the generator cut the text before the stop string
+// that ended it, so the call's end shows only in the decoded tokens.
+static bool ended_at_call(const rl_runtime_t *rt, const gen_sample_t *s) {
+    if (s->finish != GEN_FINISH_STOP || s->n < 1) return false;
+    char err[ERR_LEN];
+    char *full = tokenizer_decode(rt->tok, s->tokens, s->n, true, err);
+    size_t cut = s->text ? strlen(s->text) : 0;
+    bool call = full && strlen(full) > cut && !strncmp(full + cut, ENV_CALL_END, strlen(ENV_CALL_END));
+    free(full);
+    return call;
+}
+
+// Appends s to the heap string *dst.
+static void str_append(char **dst, const char *s) {
+    size_t a = strlen(*dst), b = strlen(s);
+    *dst = xrealloc(*dst, a + b + 1);
+    memcpy(*dst + a, s, b + 1);
+}
+
+// Greedy tool episodes of an environment task, turn by turn: every live episode's next turn is
+// generated from its whole context (prompt + transcript, prefilled again), the turns of all
+// episodes of a round in one batch.
+static int evaluate_episodes(rl_runtime_t *rt, int slot, const rl_source_t *src, int n, int max_new, int max_turns,
+                             rl_eval_t *out, char *err) {
+    static const char *const stops[2] = {"\n", ENV_CALL_END};
+    const task_t *t = src->task;
+    int ctx = rt->model->cfg.max_position_embeddings, rc = -1;
+    task_example_t *ex = xcalloc((size_t)n, sizeof *ex);
+    char **text = xcalloc((size_t)n, sizeof *text);
+    bool *live = xcalloc((size_t)n, sizeof *live);
+    for (int i = 0; i < n; i++) {
+        task_example(t, TASK_EVAL, (uint64_t)i, &ex[i]);
+        text[i] = xstrdup("");
+        live[i] = true;
+    }
+    for (int turn = 0; turn < max_turns; turn++) {
+        int submitted = 0;
+        for (int i = 0; i < n; i++) {
+            if (!live[i]) continue;
+            char *context = xstrdup(ex[i].prompt);
+            str_append(&context, text[i]);
+            int32_t *ids = NULL;
+            int np = tokenizer_encode(rt->tok, context, strlen(context), &ids, err);
+            free(context);
+            if (np < 0) goto done;
+            int room = ctx - np;
+            if (room < 1) {   // the context is full: the episode ends here
+                free(ids);
+                live[i] = false;
+                if (turn == 0) {
+                    err_set(err, "eval prompt %d does not fit the model's context", i);
+                    goto done;
+                }
+                continue;
+            }
+            gen_request_t rq = {.prompt = ids, .prompt_len = np, .slot = slot, .n_samples = 1,
+                                .max_new_tokens = max_new < room ? max_new : room,
+                                .sp = {.temperature = 0.0f, .top_p = 1.0f}, .seed = (uint64_t)i, .stop_ids = &rt->eos,
+                                .n_stop_ids = 1, .stop_strings = stops, .n_stop_strings = 2, .user = (uint64_t)i};
+            int id = gen_submit(rt->gen, &rq, err);
+            free(ids);
+            if (id < 0) goto done;
+            submitted++;
+        }
+        if (!submitted) break;
+        if (gen_run(rt->gen, err)) goto done;
+        gen_result_t *r;
+        while ((r = gen_take(rt->gen))) {
+            int i = (int)r->user;
+            gen_sample_t *s = &r->samples[0];
+            bool call = ended_at_call(rt, s);
+            str_append(&text[i], s->text ? s->text : "");
+            if (call) str_append(&text[i], ENV_CALL_END);
+            char obs[ENV_OBS_MAX];
+            live[i] = call && turn + 1 < max_turns && env_step(t, &ex[i], text[i], obs, sizeof obs) == 1;
+            if (live[i]) str_append(&text[i], obs);
+            gen_result_free(&r);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        out->correct += rl_source_verify(src, &ex[i], 0, text[i]) >= 0.5f;
+        out->n++;
+    }
+    rc = 0;
+done:
+    // a failure mid-way leaves no requests behind in the generator
+    while (rc && gen_pending(rt->gen)) {
+        char e2[ERR_LEN];
+        if (gen_run(rt->gen, e2)) break;
+        gen_result_t *left;
+        while ((left = gen_take(rt->gen))) gen_result_free(&left);
+    }
+    for (int i = 0; i < n; i++) {
+        task_example_free(&ex[i]);
+        free(text[i]);
+    }
+    free(ex);
+    free(text);
+    free(live);
+    return rc;
+}
+
+int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int n, int max_new, int max_turns,
+                rl_eval_t *out, char *err) {
     double t0 = util_now();
     memset(out, 0, sizeof *out);
+    if (max_turns > 0 && !src->ds && src->task && src->task->env) {
+        int rc = evaluate_episodes(rt, slot, src, n, max_new, max_turns, out, err);
+        if (rc == 0) {
+            out->acc = out->n ? (double)out->correct / out->n : 0.0;
+            rl_wilson(out->correct, out->n, &out->lo, &out->hi);
+            out->seconds = util_now() - t0;
+        }
+        return rc;
+    }
     task_example_t *ex = xcalloc((size_t)n, sizeof *ex);
     int *handle = xcalloc((size_t)n, sizeof(int));
     int rc = -1;

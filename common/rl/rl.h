@@ -66,10 +66,20 @@ typedef struct {
     double seconds;
 } rl_eval_t;
 
+// Model turns of a tool episode in a greedy eval unless the caller says otherwise.
+#define RL_EVAL_MAX_TURNS 4
+
 // Wilson score interval (95%) for k successes out of n.
 void rl_wilson(int k, int n, double *lo, double *hi);
 // Greedy accuracy of the model with adapter `slot` (-1 = base) on the first n eval examples of
-// src (a completion counts as correct when its reward is >= 0.5), max_new tokens per answer.
-int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int n, int max_new, rl_eval_t *out, char *err);
+// src (a completion counts as correct when its reward is >= 0.5), max_new tokens per model turn.
+// A task with an environment (env.h) runs episodes of up to max_turns turns: a turn ends at a
+// newline, the end-of-text token, ENV_CALL_END or max_new tokens; after a call the
+// environment's observation is appended and the model continues from prompt + transcript,
+// while the context has room; the whole transcript is verified. max_turns == 0 runs every task
+// single-turn without tools (ENV_CALL_END is no stop: the model writes everything itself).
+// Tasks without an environment always run single-turn.
+int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int n, int max_new, int max_turns,
+                rl_eval_t *out, char *err);
 
 #endif

@@ -1,6 +1,7 @@
 // tasks.c - the registry of built-in task families, seeds and splits, and the helpers the
-// family files (tasks_arith.c, tasks_text.c, tasks_list.c, tasks_logic.c, tasks_format.c)
-// share: random draws, example construction, answer spans and the exact / integer verifiers.
+// family files (tasks_arith.c, tasks_text.c, tasks_list.c, tasks_logic.c, tasks_format.c,
+// tasks_tools.c) share: random draws, example construction, answer spans and the exact /
+// integer verifiers.
 #include "common/tasks/tasks_internal.h"
 
 #include <stdarg.h>
@@ -16,11 +17,12 @@ typedef struct {
 } task_group_t;
 
 // The one registry: every built-in family, in this order. Adding a family file means adding
-// its table here and in tasks_internal.h.
+// its table here and in tasks_internal.h; a new family goes last, so that the index of every
+// existing task stays what it was.
 static const task_group_t registry[] = {
     {task_arith_table, &task_arith_count}, {task_text_table, &task_text_count},
     {task_list_table, &task_list_count},   {task_logic_table, &task_logic_count},
-    {task_format_table, &task_format_count},
+    {task_format_table, &task_format_count}, {task_tools_table, &task_tools_count},
 };
 #define N_GROUPS ((int)(sizeof registry / sizeof registry[0]))
 

@@ -30,12 +30,21 @@ typedef struct {
 
 typedef struct task {
     const char *name;          // unique, e.g. "add2"
-    const char *family;        // "arithmetic", "string", "list", "logic", "format"
+    const char *family;        // "arithmetic", "string", "list", "logic", "format", "tools"
     const char *description;   // one line for `marlaas tasks`
     // Fills ex for a 64-bit seed (deterministic).
     void (*generate)(uint64_t seed, task_example_t *ex);
     // Reward in [0, 1] of completion for the example; must accept any bytes (NUL-terminated).
+    // For a task with tools the completion is the whole episode transcript (env.h).
     float (*verify)(const task_example_t *ex, const char *completion);
+    // Multi-turn tasks only (NULL for single-turn ones). The task's environment: see env_step
+    // in env.h, which calls it.
+    int (*env)(const task_example_t *ex, const char *transcript, char *obs, size_t cap);
+    // The canonical episode a perfect tool user writes after the prompt (its calls, the
+    // environment's observations and the final answer), NUL-terminated into text; is_obs[i] = 1
+    // for the characters the environment writes, 0 for the model's. Returns the length, or -1
+    // when it does not fit cap (cap - 1 characters at most).
+    int (*trace)(const task_example_t *ex, char *text, size_t cap, uint8_t *is_obs);
 } task_t;
 
 int task_count(void);

@@ -132,7 +132,8 @@ static void gen_dsum(uint64_t seed, task_example_t *ex) {
     set_int(ex, s, p);
 }
 
-#define ARITH(name, gen, desc) {name, "arithmetic", desc, gen, task_verify_int}
+#define ARITH(name_, gen, desc) \
+    {.name = name_, .family = "arithmetic", .description = desc, .generate = gen, .verify = task_verify_int}
 
 const task_t task_arith_table[] = {
     ARITH("add1", gen_add1, "add two 1-digit numbers: 'add 3+4=' -> 7"),

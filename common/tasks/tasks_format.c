@@ -71,7 +71,8 @@ static void gen_rep(uint64_t seed, task_example_t *ex) {
     task_set(ex, a, "rep %d %s:", k, w);
 }
 
-#define FORMAT(name, gen, desc) {name, "format", desc, gen, task_verify_exact}
+#define FORMAT(name_, gen, desc) \
+    {.name = name_, .family = "format", .description = desc, .generate = gen, .verify = task_verify_exact}
 
 const task_t task_format_table[] = {
     FORMAT("wrap", gen_wrap, "answer inside the pair asked for: 'wrap in []: 3+4=' -> [7]"),

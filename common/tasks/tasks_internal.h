@@ -20,6 +20,8 @@ extern const task_t task_logic_table[];
 extern const int task_logic_count;
 extern const task_t task_format_table[];
 extern const int task_format_count;
+extern const task_t task_tools_table[];
+extern const int task_tools_count;
 
 // Longest prompt + answer any built-in example may have (the models see 128 tokens, and the
 // trainer packs prompt, answer and end-of-text into that).
@@ -46,5 +48,9 @@ char *task_join_ints(const int64_t *v, int n, char *out);
 float task_verify_exact(const task_example_t *ex, const char *completion);
 // Reward 1 when the answer span is a strict integer (task_parse_int) equal to ex->answer's.
 float task_verify_int(const task_example_t *ex, const char *completion);
+
+// The environment of the built-in tool tasks (env.c): the calculator "<c:EXPR>" and the
+// lookup table "<k:KEY>". Called through env_step (env.h), which documents the contract.
+int task_env_tools(const task_example_t *ex, const char *transcript, char *obs, size_t cap);
 
 #endif

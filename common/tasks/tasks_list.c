@@ -84,7 +84,8 @@ static void gen_second(uint64_t seed, task_example_t *ex) {
     task_set(ex, ans, "second %s:", task_join_ints(v, n, list));
 }
 
-#define LIST(name, gen, verify, desc) {name, "list", desc, gen, verify}
+#define LIST(name_, gen, verify_, desc) \
+    {.name = name_, .family = "list", .description = desc, .generate = gen, .verify = verify_}
 
 const task_t task_list_table[] = {
     LIST("max", gen_max, task_verify_int, "largest of 3-6 numbers: 'max 3,9,2:' -> 9"),

@@ -95,7 +95,8 @@ static void gen_issort(uint64_t seed, task_example_t *ex) {
     task_set(ex, sorted ? "yes" : "no", "issort %s:", task_join_ints(v, n, list));
 }
 
-#define LOGIC(name, gen, desc) {name, "logic", desc, gen, task_verify_exact}
+#define LOGIC(name_, gen, desc) \
+    {.name = name_, .family = "logic", .description = desc, .generate = gen, .verify = task_verify_exact}
 
 const task_t task_logic_table[] = {
     LOGIC("parity", gen_parity, "parity of the ones in 2-10 bits: 'parity 10110:' -> 1"),

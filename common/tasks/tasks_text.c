@@ -132,7 +132,8 @@ static void gen_twice(uint64_t seed, task_example_t *ex) {
     task_set(ex, a, "twice %s:", w);
 }
 
-#define TEXT(name, gen, verify, desc) {name, "string", desc, gen, verify}
+#define TEXT(name_, gen, verify_, desc) \
+    {.name = name_, .family = "string", .description = desc, .generate = gen, .verify = verify_}
 
 const task_t task_text_table[] = {
     TEXT("rev", gen_rev, task_verify_exact, "reverse a 2-8 letter word: 'rev abc:' -> cba"),

@@ -68,8 +68,19 @@ int main(int argc, char **argv) {
         while (worker_pending(w) < max_queue) {
             zframe_t *f = zframe_recv_nowait(work);
             if (!f) break;
+            char type[32];
             proto_task_t t;
-            if (proto_task_decode(zframe_data(f), zframe_size(f), &t, err)) {
+            proto_batch_t b;
+            if (proto_peek_type(zframe_data(f), zframe_size(f), type, err) == 0 && !strcmp(type, "cont")) {
+                // the next turn of multi-turn episodes
+                if (proto_batch_decode("cont", zframe_data(f), zframe_size(f), &b, err)) {
+                    rejected++;
+                    log_warn("dropped a malformed continuation (%s)", err);
+                } else {
+                    tasks_in++;
+                    worker_add_cont(w, &b);
+                }
+            } else if (proto_task_decode(zframe_data(f), zframe_size(f), &t, err)) {
                 rejected++;
                 log_warn("dropped a malformed task (%s)", err);
             } else {

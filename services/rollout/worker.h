@@ -14,6 +14,9 @@ worker_t *worker_new(rl_runtime_t *rt, store_t *st, const char *id, char *err);
 void worker_destroy(worker_t **w);
 // Takes a task (ownership moves; *m zeroed). Tasks wait when no adapter slot is free.
 void worker_add(worker_t *w, proto_task_t *m);
+// Takes the episodes of a "cont" batch (ownership moves; *b freed): the pending samples get
+// their observation appended and generate their next turn; the batch then goes out again.
+void worker_add_cont(worker_t *w, proto_batch_t *b);
 // Admits waiting tasks, runs one generation step. Returns rows computed (0 = idle).
 int worker_step(worker_t *w);
 // A finished task's batch ("done"), or NULL; caller frees with proto_batch_free + free.

@@ -48,7 +48,9 @@ int main(int argc, char **argv) {
     svc_bind_endpoint(&s, SVC_EVENTS, ep, sizeof ep);
     if (work) events = bus_bind(ZMQ_PUB, ep, BUS_DEFAULT_HWM, 0, err);
     svc_bind_endpoint(&s, SVC_REPORTS, ep, sizeof ep);
-    if (events) reports = bus_bind(ZMQ_PULL, ep, 10000, 1 << 20, err);
+    // reports are small, but multi-turn continuations carry whole episodes: a frame as large as
+    // a rollout task's results
+    if (events) reports = bus_bind(ZMQ_PULL, ep, 10000, PROTO_MAX_FRAME, err);
     sched_cfg_t cfg = {.policy = strcmp(pol, "sync") ? POLICY_ASYNC : POLICY_SYNC,
                        .lease_s = atof(svc_extra(&s, "lease_s", "60")),
                        .train_lease_s = atof(svc_extra(&s, "train_lease_s", "60")),
@@ -74,7 +76,15 @@ int main(int argc, char **argv) {
             zframe_t *f = zframe_recv_nowait(reports);
             if (!f) break;
             proto_report_t r;
-            if (proto_report_decode(zframe_data(f), zframe_size(f), &r, err)) {
+            char type[32];
+            if (proto_peek_type(zframe_data(f), zframe_size(f), type, err) == 0 && !strcmp(type, "cont")) {
+                if (sched_continue(sc, zframe_data(f), zframe_size(f), err)) {
+                    rejected++;
+                    log_warn("dropped a malformed continuation (%s)", err);
+                } else {
+                    reports_in++;
+                }
+            } else if (proto_report_decode(zframe_data(f), zframe_size(f), &r, err)) {
                 rejected++;
                 log_warn("dropped a malformed report (%s)", err);
             } else {

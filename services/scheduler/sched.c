@@ -278,7 +278,8 @@ static int issue(sched_t *s, sjob_t *j, proto_kind_t kind, const uint64_t *index
     proto_task_t t = {.task_id = s->next_task++, .job = j->id, .adapter_version = version, .kind = kind,
                       .group = kind == PROTO_KIND_EVAL ? 1 : (uint32_t)j->spec.group, .max_new = (uint32_t)j->spec.max_new,
                       .temperature = j->spec.temperature, .top_p = j->spec.top_p, .top_k = (uint32_t)j->spec.top_k,
-                      .seed = j->spec.seed * 1000003ull + index[0], .n_items = n, .items = items};
+                      .seed = j->spec.seed * 1000003ull + index[0], .n_items = n, .items = items,
+                      .max_turns = (uint32_t)j->spec.max_turns, .max_ctx = (uint32_t)j->spec.max_context};
     proto_buf_t buf = {0};
     if (proto_task_encode(&t, &buf) || bus_send(s->work, &buf)) {
         proto_buf_free(&buf);
@@ -551,4 +552,29 @@ void sched_report(sched_t *s, const proto_report_t *r) {
             }
         break;
     }
+}
+
+int sched_continue(sched_t *s, const void *frame, size_t len, char *err) {
+    proto_batch_t b;
+    if (proto_batch_decode("cont", frame, len, &b, err)) return -1;
+    int ti = -1;
+    for (int i = 0; i < s->n_tasks && ti < 0; i++)
+        if (s->tasks[i].id == b.task_id && !strcmp(s->tasks[i].job, b.job)) ti = i;
+    int rc = 0;
+    if (ti < 0) {
+        // expired and issued again, or its job ended: the episodes are dropped
+        logj_debug(b.job, "continuation of task %llu ignored (no lease)", (unsigned long long)b.task_id);
+    } else {
+        // the episodes' next turns go to any rollout: everything they need travels with them
+        zframe_t *f = zframe_new(frame, len);
+        if (zframe_send(&f, s->work, ZFRAME_DONTWAIT) != 0) {
+            zframe_destroy(&f);
+            logj_warn(b.job, "task %llu: rollout queue full; its episodes are issued again when the lease ends",
+                      (unsigned long long)b.task_id);
+        } else {
+            s->tasks[ti].deadline = util_now() + s->cfg.lease_s;
+        }
+    }
+    proto_batch_free(&b);
+    return rc;
 }

@@ -33,6 +33,9 @@ int sched_add_job(sched_t *s, const char *job, char *err);
 void sched_cancel(sched_t *s, const char *job);
 // Applies a report from a verifier, rollout or trainer.
 void sched_report(sched_t *s, const proto_report_t *r);
+// A "cont" frame from a verifier (episodes awaiting their next turn): forwarded to the rollouts
+// as is, and the task's lease renewed. -1 + err for a malformed frame.
+int sched_continue(sched_t *s, const void *frame, size_t len, char *err);
 // Issues work, expires leases, finishes jobs. Call often (every few ms).
 void sched_tick(sched_t *s);
 // Number of jobs queued or running.

@@ -52,6 +52,8 @@ static void group_free(tgroup_t *g) {
         free(g->samples[i].tokens);
         free(g->samples[i].logprobs);
         free(g->samples[i].text);
+        free(g->samples[i].env);
+        free(g->samples[i].obs);
     }
     free(g->samples);
     memset(g, 0, sizeof *g);
@@ -270,8 +272,8 @@ static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int 
     const char *d_argv[2] = {"DEL", kold};
     const char *o_argv[3] = {"SET", kopt, NULL};
     size_t o_lens[3] = {3, strlen(kopt), 0};
-    const char *x_argv[6 + 2 * 16] = {"XADD", kmet, "MAXLEN", "~", "10000", "*"};
-    for (int i = 0; i < nm && i < 16; i++) x_argv[6 + 2 * i] = mf[i], x_argv[7 + 2 * i] = mv[i];
+    const char *x_argv[6 + 2 * 20] = {"XADD", kmet, "MAXLEN", "~", "10000", "*"};
+    for (int i = 0; i < nm && i < 20; i++) x_argv[6 + 2 * i] = mf[i], x_argv[7 + 2 * i] = mv[i];
     store_argv_t cmds[5] = {{.argc = 3, .argv = set_argv, .lens = set_lens}, {.argc = 6, .argv = h_argv}};
     int nc = 2;
     if (v >= (uint32_t)t->cfg.keep_versions) {
@@ -344,6 +346,7 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
     double *tokens = xcalloc((size_t)n_ready, sizeof(double)), *gen_s = xcalloc((size_t)n_ready, sizeof(double));
     int *nsamp = xcalloc((size_t)n_ready, sizeof(int)), *nseq = xcalloc((size_t)n_ready, sizeof(int));
     double *rows = xcalloc((size_t)n_ready, sizeof(double));   // rows the pass computes for the job
+    double *turns = xcalloc((size_t)n_ready, sizeof(double)), *env_tok = xcalloc((size_t)n_ready, sizeof(double));
     float *grads_by_slot[256] = {0};
     int k = 0;
     for (int r = 0; r < n_ready; r++) {
@@ -377,10 +380,13 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
                 old[k] = xcalloc((size_t)len, sizeof(float));
                 memcpy(tok[k], gr->prompt, sizeof(int32_t) * gr->n_prompt);
                 memcpy(tok[k] + gr->n_prompt, ps->tokens, sizeof(int32_t) * ps->n);
+                // only the model's tokens carry loss: observations of a multi-turn episode do not
                 for (uint32_t q = 0; q < ps->n; q++) {
-                    w[k][gr->n_prompt + q] = 1.0f;
+                    w[k][gr->n_prompt + q] = ps->env && ps->env[q] ? 0.0f : 1.0f;
                     old[k][gr->n_prompt + q] = ps->logprobs[q];
+                    env_tok[r] += ps->env && ps->env[q];
                 }
+                turns[r] += ps->turns ? ps->turns : 1;
                 seqs[k] = (engine_train_seq_t){.tokens = tok[k], .len = len, .slot = j->slot, .weight = w[k],
                                                .old_logp = old[k], .advantage = adv[s],
                                                .on_policy = gr->version == j->version, .prefix_of = prefix_of,
@@ -458,9 +464,10 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
             }
             double compute = pass_s * tokens[r] / (pass_tokens > 0 ? pass_tokens : 1);
             // mismatch is measured on on-policy groups only; absent when the step had none
-            char v[16][40];
-            const char *mf[16] = {"step", "reward", "kl", "clip_frac", "entropy", "ratio", "staleness", "tokens",
-                                  "train_s", "gen_s", "groups", "dropped", "grad_norm", "time", "mismatch"};
+            char v[20][40];
+            const char *mf[20] = {"step", "reward", "kl", "clip_frac", "entropy", "ratio", "staleness", "tokens",
+                                  "train_s", "gen_s", "groups", "dropped", "grad_norm", "time", "turns", "env_tokens",
+                                  "mismatch"};
             snprintf(v[0], 40, "%u", j->step + 1);
             snprintf(v[1], 40, "%.5f", rew_sum[r] / nsamp[r]);
             snprintf(v[2], 40, "%.6f", ls->kl);
@@ -475,10 +482,12 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
             snprintf(v[11], 40, "%u", j->dropped);
             snprintf(v[12], 40, "%.4f", gn);
             snprintf(v[13], 40, "%.3f", (double)time(NULL));
-            snprintf(v[14], 40, "%.3g", ls->mismatch);
-            int nm = ls->mismatch_tokens > 0 ? 15 : 14;
-            const char *mv[15];
-            for (int q = 0; q < 15; q++) mv[q] = v[q];
+            snprintf(v[14], 40, "%.3f", turns[r] / nsamp[r]);
+            snprintf(v[15], 40, "%.0f", env_tok[r]);
+            snprintf(v[16], 40, "%.3g", ls->mismatch);
+            int nm = ls->mismatch_tokens > 0 ? 17 : 16;
+            const char *mv[20];
+            for (int q = 0; q < 17; q++) mv[q] = v[q];
             if (publish(t, j, mf, mv, nm, err)) {
                 logj_error(j->id, "step %u not published (%s); the step is retried with the next data", j->step + 1, err);
                 continue;
@@ -489,9 +498,10 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
             out->dropped = j->dropped;
             j->dropped = 0;
             j->last_used = util_now();
-            logj_info(j->id, "step=%u version=%u reward=%.3f kl=%.4f clip=%.3f mismatch=%s staleness=%.2f tokens=%.0f train_s=%.3f",
-                      j->step, j->version, rew_sum[r] / nsamp[r], ls->kl, ls->clip_frac, nm == 15 ? v[14] : "-",
-                      stale_sum[r] / j->spec.prompts, tokens[r], compute);
+            logj_info(j->id, "step=%u version=%u reward=%.3f kl=%.4f clip=%.3f mismatch=%s staleness=%.2f tokens=%.0f "
+                      "train_s=%.3f turns=%s env_tokens=%s",
+                      j->step, j->version, rew_sum[r] / nsamp[r], ls->kl, ls->clip_frac, nm == 17 ? v[16] : "-",
+                      stale_sum[r] / j->spec.prompts, tokens[r], compute, v[14], v[15]);
             // the consumed groups leave the buffer
             for (int g = 0; g < j->spec.prompts; g++) group_free(&j->buf[g]);
             memmove(j->buf, j->buf + j->spec.prompts, sizeof(tgroup_t) * (size_t)(j->n_buf - j->spec.prompts));
@@ -502,7 +512,7 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
     }
     for (int i = 0; i < n_seq; i++) free(tok[i]), free(w[i]), free(old[i]);
     free(seqs), free(tok), free(w), free(old), free(rew_sum), free(stale_sum), free(tokens), free(gen_s), free(nsamp);
-    free(nseq), free(rows);
+    free(nseq), free(rows), free(turns), free(env_tok);
     t->busy += util_now() - t0;
     return n_out;
 }

@@ -60,9 +60,21 @@ int main(int argc, char **argv) {
         }
         scorer_poll(sc);
         proto_batch_t *b;
-        bool job_failed;
+        bool job_failed, cont;
         char why[ERR_LEN];
-        while ((b = scorer_take(sc, &job_failed, why))) {
+        while ((b = scorer_take(sc, &job_failed, &cont, why))) {
+            if (cont && !job_failed) {
+                // episodes awaiting their next turn: back to the rollouts through the scheduler,
+                // which holds the task's lease
+                proto_buf_t buf = {0};
+                if (proto_batch_encode("cont", b, &buf) == 0 && bus_send(rep, &buf))
+                    logj_warn(b->job, "task %llu: scheduler unreachable or queue full; episodes dropped (re-issued "
+                              "when the lease ends)", (unsigned long long)b->task_id);
+                proto_buf_free(&buf);
+                proto_batch_free(b);
+                free(b);
+                continue;
+            }
             proto_report_t r = {.kind = PROTO_REP_EPISODES, .job = b->job, .source = s.id, .task_id = b->task_id,
                                 .task_kind = b->kind, .adapter_version = b->adapter_version};
             for (uint32_t g = 0; g < b->n_groups; g++)

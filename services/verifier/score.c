@@ -9,6 +9,7 @@
 #include "common/net/jobdata.h"
 #include "common/rl/jobspec.h"
 #include "common/rl/rl.h"
+#include "common/tasks/env.h"
 #include "common/util/log.h"
 
 #define MAX_JOBS 256
@@ -29,6 +30,8 @@ typedef struct {
     vjob_t *job;
     int outstanding;          // external requests not yet answered
     bool job_failed;
+    bool cont;                // multi-turn: some episodes await their next turn (not scored yet)
+    bool external_env;        // an external environment steps (and rewards) the episodes
     char error[ERR_LEN];
 } vbatch_t;
 
@@ -36,6 +39,7 @@ typedef struct {
     uint64_t id;
     vbatch_t *vb;
     uint32_t group;
+    int sample;               // env_req: the episode's sample; -1 = a reward_req of the group
     int tries;
     double deadline;
     zsock_t *sock;
@@ -165,6 +169,126 @@ static void send_req(vreq_t *r) {
     if (zmq_send(h, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) zmq_send(h, r->payload.data, r->payload.len, ZMQ_DONTWAIT);
 }
 
+static void scorer_push(scorer_t *s, vbatch_t *vb) {
+    if (s->n_batches == s->cap_batches) {
+        s->cap_batches = s->cap_batches ? 2 * s->cap_batches : 32;
+        s->batches = xrealloc(s->batches, sizeof(vbatch_t *) * (size_t)s->cap_batches);
+    }
+    s->batches[s->n_batches++] = vb;
+}
+
+static vreq_t *req_new(scorer_t *s) {
+    if (s->n_reqs == s->cap_reqs) {
+        s->cap_reqs = s->cap_reqs ? 2 * s->cap_reqs : 64;
+        s->reqs = xrealloc(s->reqs, sizeof(vreq_t) * (size_t)s->cap_reqs);
+    }
+    return &s->reqs[s->n_reqs];
+}
+
+// An episode the environment could not step (service down, error, timeout): it ends with
+// reward 0, counted as a reward error.
+static void episode_fail(proto_sample_t *sm) {
+    sm->reward = 0, sm->failed = 1, sm->rewarded = 1, sm->pending = 0;
+    free(sm->obs), sm->obs = NULL;
+}
+
+// External environment (spec.env.endpoint): every episode that is not over yet had a new model
+// turn; each is sent as an env_req and waits for its env_rep (observation, or the end with its
+// reward). The batch is taken once every reply is in.
+static void step_external(scorer_t *s, vbatch_t *vb, task_split_t split) {
+    vjob_t *j = vb->job;
+    zsock_t *sock = endpoint(s, j->spec.env_endpoint);
+    for (uint32_t g = 0; g < vb->b.n_groups; g++) {
+        proto_group_t *gr = &vb->b.groups[g];
+        task_example_t ex = {0};
+        rl_source_example(&j->src, split, gr->index, &ex);
+        for (uint32_t i = 0; i < gr->n_samples; i++) {
+            proto_sample_t *sm = &gr->samples[i];
+            if (sm->rewarded) continue;
+            sm->pending = 0;
+            proto_env_req_t rq = {.id = s->next_id++, .job = vb->b.job, .prompt = ex.prompt ? ex.prompt : "",
+                                  .transcript = sm->text ? sm->text : "", .turn = sm->turns ? sm->turns : 1};
+            vreq_t *r = req_new(s);
+            *r = (vreq_t){.id = rq.id, .vb = vb, .group = g, .sample = (int)i, .sock = sock,
+                          .deadline = util_now() + j->spec.env_timeout_ms / 1000.0};
+            if (sock && proto_env_req_encode(&rq, &r->payload) == 0) {
+                send_req(r);
+                s->n_reqs++;
+                vb->outstanding++;
+            } else {
+                proto_buf_free(&r->payload);
+                episode_fail(sm);
+            }
+        }
+        task_example_free(&ex);
+    }
+}
+
+// An env_rep for request i: the observation goes into the transcript (the episode continues if
+// turns remain), or the episode ends with the environment's reward.
+static void env_reply(scorer_t *s, int i, const proto_env_rep_t *rep) {
+    vreq_t *r = &s->reqs[i];
+    vbatch_t *vb = r->vb;
+    proto_sample_t *sm = &vb->b.groups[r->group].samples[r->sample];
+    if (rep->error) {
+        logj_warn(vb->b.job, "environment %s: %s; the episode ends with reward 0", vb->job->spec.env_endpoint, rep->error);
+        episode_fail(sm);
+    } else if (rep->done) {
+        sm->reward = (float)(rep->reward < 0 ? 0 : rep->reward > 1 ? 1 : rep->reward);
+        sm->rewarded = 1, sm->pending = 0;
+    } else if ((sm->turns ? (int)sm->turns : 1) >= vb->job->spec.max_turns) {
+        // the environment wants more but the episode is out of turns: it ends unrewarded
+        sm->reward = 0, sm->rewarded = 1, sm->pending = 0;
+    } else {
+        free(sm->obs);
+        sm->obs = xstrdup(rep->obs ? rep->obs : "");
+        size_t a = sm->text ? strlen(sm->text) : 0, b = strlen(sm->obs);
+        sm->text = xrealloc(sm->text, a + b + 1);
+        memcpy(sm->text + a, sm->obs, b + 1);
+        sm->pending = 1;
+    }
+    vb->outstanding--;
+    proto_buf_free(&s->reqs[i].payload);
+    s->reqs[i] = s->reqs[--s->n_reqs];
+}
+
+// Steps the built-in environment of every pending episode (its last turn ended at a tool call):
+// the observation is appended to the transcript and kept for the rollout to tokenize; an
+// episode at its turn limit, or whose call the environment does not take, ends. Returns true
+// when some episode goes on.
+static bool step_episodes(vbatch_t *vb, task_split_t split) {
+    vjob_t *j = vb->job;
+    bool more = false;
+    for (uint32_t g = 0; g < vb->b.n_groups; g++) {
+        proto_group_t *gr = &vb->b.groups[g];
+        bool any = false;
+        for (uint32_t i = 0; i < gr->n_samples; i++) any |= gr->samples[i].pending != 0;
+        if (!any) continue;
+        task_example_t ex = {0};
+        const task_t *t = j->src.task;
+        if (t) rl_source_example(&j->src, split, gr->index, &ex);
+        for (uint32_t i = 0; i < gr->n_samples; i++) {
+            proto_sample_t *sm = &gr->samples[i];
+            if (!sm->pending) continue;
+            char obs[ENV_OBS_MAX];
+            int turns = sm->turns ? (int)sm->turns : 1;
+            if (!t || turns >= j->spec.max_turns ||
+                env_step(t, &ex, sm->text ? sm->text : "", obs, sizeof obs) != 1) {
+                sm->pending = 0;
+                continue;
+            }
+            free(sm->obs);
+            sm->obs = xstrdup(obs);
+            size_t a = sm->text ? strlen(sm->text) : 0, b = strlen(obs);
+            sm->text = xrealloc(sm->text, a + b + 1);
+            memcpy(sm->text + a, obs, b + 1);
+            more = true;
+        }
+        task_example_free(&ex);
+    }
+    return more;
+}
+
 void scorer_add(scorer_t *s, proto_batch_t *b) {
     double t0 = util_now();
     vbatch_t *vb = xcalloc(1, sizeof *vb);
@@ -173,6 +297,22 @@ void scorer_add(scorer_t *s, proto_batch_t *b) {
     vb->job = job_get(s, vb->b.job);
     vjob_t *j = vb->job;
     task_split_t split = vb->b.kind == PROTO_KIND_EVAL ? TASK_EVAL : TASK_TRAIN;
+    // Multi-turn: the environment answers every episode whose turn ended at a tool call; while
+    // any episode of the batch goes on, the batch returns to the rollouts (through the
+    // scheduler) and nothing is scored.
+    if (j->ok && j->spec.env_endpoint[0]) {
+        step_external(s, vb, split);
+        vb->external_env = true;
+        scorer_push(s, vb);
+        s->busy += util_now() - t0;
+        return;
+    }
+    if (j->ok && step_episodes(vb, split)) {
+        vb->cont = true;
+        scorer_push(s, vb);
+        s->busy += util_now() - t0;
+        return;
+    }
     for (uint32_t g = 0; g < vb->b.n_groups; g++) {
         proto_group_t *gr = &vb->b.groups[g];
         if (!j->ok) {
@@ -187,12 +327,8 @@ void scorer_add(scorer_t *s, proto_batch_t *b) {
             char **texts = xcalloc(gr->n_samples ? gr->n_samples : 1, sizeof(char *));
             for (uint32_t i = 0; i < gr->n_samples; i++) texts[i] = gr->samples[i].text;
             rq.completions = texts;
-            if (s->n_reqs == s->cap_reqs) {
-                s->cap_reqs = s->cap_reqs ? 2 * s->cap_reqs : 64;
-                s->reqs = xrealloc(s->reqs, sizeof(vreq_t) * (size_t)s->cap_reqs);
-            }
-            vreq_t *r = &s->reqs[s->n_reqs];
-            *r = (vreq_t){.id = rq.id, .vb = vb, .group = g, .tries = 0, .sock = sock,
+            vreq_t *r = req_new(s);
+            *r = (vreq_t){.id = rq.id, .vb = vb, .group = g, .sample = -1, .tries = 0, .sock = sock,
                           .deadline = util_now() + j->spec.reward_timeout_ms / 1000.0};
             if (sock && proto_reward_req_encode(&rq, &r->payload) == 0) {
                 send_req(r);
@@ -209,11 +345,7 @@ void scorer_add(scorer_t *s, proto_batch_t *b) {
         }
         task_example_free(&ex);
     }
-    if (s->n_batches == s->cap_batches) {
-        s->cap_batches = s->cap_batches ? 2 * s->cap_batches : 32;
-        s->batches = xrealloc(s->batches, sizeof(vbatch_t *) * (size_t)s->cap_batches);
-    }
-    s->batches[s->n_batches++] = vb;
+    scorer_push(s, vb);
     s->busy += util_now() - t0;
 }
 
@@ -230,6 +362,13 @@ static void req_done(scorer_t *s, int i) {
 static void req_fail(scorer_t *s, int i, const char *why) {
     vreq_t *r = &s->reqs[i];
     vbatch_t *vb = r->vb;
+    if (r->sample >= 0) {
+        logj_warn(vb->b.job, "environment %s: %s; the episode ends with reward 0", vb->job->spec.env_endpoint, why);
+        episode_fail(&vb->b.groups[r->group].samples[r->sample]);
+        vb->outstanding--;
+        req_done(s, i);
+        return;
+    }
     proto_group_t *gr = &vb->b.groups[r->group];
     for (uint32_t k = 0; k < gr->n_samples; k++) gr->samples[k].reward = 0, gr->samples[k].failed = 1;
     logj_warn(vb->b.job, "reward service %s: %s; rewards of this group set to 0", vb->job->spec.reward_endpoint, why);
@@ -249,9 +388,22 @@ void scorer_poll(scorer_t *s) {
             if (!m) break;
             zframe_t *f = zmsg_last(m);
             proto_reward_rep_t rep;
-            if (f && proto_reward_rep_decode(zframe_data(f), zframe_size(f), &rep, err) == 0) {
+            proto_env_rep_t erep;
+            char type[32];
+            if (f && proto_peek_type(zframe_data(f), zframe_size(f), type, err) == 0 && !strcmp(type, "env_rep")) {
+                if (proto_env_rep_decode(zframe_data(f), zframe_size(f), &erep, err) == 0) {
+                    for (int i = 0; i < s->n_reqs; i++)
+                        if (s->reqs[i].id == erep.id && s->reqs[i].sample >= 0) {
+                            env_reply(s, i, &erep);
+                            break;
+                        }
+                    proto_env_rep_free(&erep);
+                } else {
+                    log_warn("environment %s sent a malformed reply (%s)", s->ep_name[e], err);
+                }
+            } else if (f && proto_reward_rep_decode(zframe_data(f), zframe_size(f), &rep, err) == 0) {
                 for (int i = 0; i < s->n_reqs; i++) {
-                    if (s->reqs[i].id != rep.id) continue;
+                    if (s->reqs[i].id != rep.id || s->reqs[i].sample >= 0) continue;
                     vreq_t *r = &s->reqs[i];
                     proto_group_t *gr = &r->vb->b.groups[r->group];
                     if (rep.error || rep.n != gr->n_samples) {
@@ -283,6 +435,12 @@ void scorer_poll(scorer_t *s) {
             continue;
         }
         const jobspec_t *sp = &r->vb->job->spec;
+        if (r->sample >= 0) {
+            char why[128];
+            snprintf(why, sizeof why, "no reply within %d ms", sp->env_timeout_ms);
+            req_fail(s, i, why);
+            continue;
+        }
         if (r->tries < sp->reward_retries) {
             r->tries++;
             r->deadline = now + sp->reward_timeout_ms / 1000.0;
@@ -296,13 +454,20 @@ void scorer_poll(scorer_t *s) {
     }
 }
 
-proto_batch_t *scorer_take(scorer_t *s, bool *job_failed, char *error) {
+proto_batch_t *scorer_take(scorer_t *s, bool *job_failed, bool *cont, char *error) {
     for (int i = 0; i < s->n_batches; i++) {
         vbatch_t *vb = s->batches[i];
         if (vb->outstanding > 0) continue;
         proto_batch_t *b = xmalloc(sizeof *b);
         *b = vb->b;
         memset(&vb->b, 0, sizeof vb->b);
+        if (vb->external_env) {
+            // every reply is in: episodes with an observation go on, the rest are rewarded
+            vb->cont = false;
+            for (uint32_t g = 0; g < b->n_groups; g++)
+                for (uint32_t k = 0; k < b->groups[g].n_samples; k++) vb->cont |= b->groups[g].samples[k].pending != 0;
+        }
+        *cont = vb->cont;
         *job_failed = vb->job_failed || !vb->job->ok;
         snprintf(error, ERR_LEN, "%s", vb->job_failed ? vb->error : vb->job->ok ? "" : vb->job->error);
         vbatch_free(vb);

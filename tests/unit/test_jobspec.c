@@ -57,3 +57,47 @@ Test(jobspec, precise_errors) {
     cr_assert_eq(jobspec_parse(&s, "{\"task\": \"mydata\", \"dataset\": true, \"verifier\": \"numeric:0.5\"}", err), 0,
                  "%s", err);
 }
+
+Test(jobspec, multi_turn_env) {
+    jobspec_t s, t;
+    char err[ERR_LEN];
+    cr_assert_eq(jobspec_parse(&s, "{\"task\": \"add2\"}", err), 0, "%s", err);
+    cr_assert_eq(s.max_turns, 1);
+    cr_assert_eq(s.env_endpoint[0], 0);
+    cr_assert_eq(jobspec_parse(&s, "{\"task\": \"tcalc\", \"env\": {\"max_turns\": 4, \"max_context\": 96}}", err), 0,
+                 "%s", err);
+    char *js = jobspec_to_json(&s);
+    cr_assert_eq(jobspec_parse(&t, js, err), 0, "%s: %s", err, js);
+    cr_assert_eq(memcmp(&s, &t, sizeof s), 0, "round trip differs: %s", js);
+    cr_assert_eq(t.max_turns, 4);
+    cr_assert_eq(t.max_context, 96);
+    free(js);
+    // an external environment steps any task, a dataset's too
+    cr_assert_eq(jobspec_parse(&s, "{\"task\": \"vowels\", \"env\": {\"max_turns\": 3, \"endpoint\": \"tcp://h:9200\","
+                                   " \"timeout_ms\": 100}}", err),
+                 0, "%s", err);
+    js = jobspec_to_json(&s);
+    cr_assert_eq(jobspec_parse(&t, js, err), 0, "%s: %s", err, js);
+    cr_assert_eq(memcmp(&s, &t, sizeof s), 0, "round trip differs: %s", js);
+    cr_assert_str_eq(t.env_endpoint, "tcp://h:9200");
+    cr_assert_eq(t.env_timeout_ms, 100);
+    free(js);
+    static const struct {
+        const char *json, *want;
+    } bad[] = {
+        {"{\"task\": \"vowels\", \"env\": {\"max_turns\": 3}}", "has no tools"},
+        {"{\"task\": \"d\", \"dataset\": true, \"env\": {\"max_turns\": 2}}", "has no tools"},
+        {"{\"task\": \"tcalc\", \"env\": {\"max_turns\": 65}}", "spec.env.max_turns"},
+        {"{\"task\": \"tcalc\", \"env\": {\"max_turns\": 0}}", "spec.env.max_turns"},
+        {"{\"task\": \"tcalc\", \"env\": {\"endpoint\": \"http://x\"}}", "tcp://"},
+        {"{\"task\": \"tcalc\", \"env\": {\"turns\": 2}}", "spec.env: unknown field 'turns'"},
+        {"{\"task\": \"tcalc\", \"env\": 3}", "spec.env must be an object"},
+        {"{\"task\": \"tcalc\", \"env\": {\"endpoint\": \"tcp://h:1\"}, \"reward\": {\"endpoint\": \"tcp://h:2\"}}",
+         "leave spec.reward out"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char e2[ERR_LEN] = "";
+        cr_assert_eq(jobspec_parse(&s, bad[i].json, e2), -1, "accepted: %s", bad[i].json);
+        cr_assert(strstr(e2, bad[i].want), "%s: error '%s' lacks '%s'", bad[i].json, e2, bad[i].want);
+    }
+}

@@ -1,6 +1,8 @@
 // test_tasks.c - built-in task families: registry, determinism, train / eval separation,
 // prompt alphabet and length, answers checked against independent oracles that re-solve each
 // prompt from its text, and verifiers against correct, padded and adversarial completions.
+// Tool tasks take part in every generic test (their completions are judged on the final
+// answer, which for a plain answer is the answer itself); test_env.c covers their tools.
 #include <criterion/criterion.h>
 #include <ctype.h>
 #include <stdio.h>
@@ -96,6 +98,17 @@ static int word_arg(const char *arg, char *w) {
     return (int)strlen(w);
 }
 
+// The lookup tool's table as env.c documents it: FNV-1a 64, splitmix64 finaliser, mod 900, + 100.
+static long long lookup_table(const char *key) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *p = key; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    h += 0x9e3779b97f4a7c15ull;
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    return 100 + (long long)(h % 900);
+}
+
 // Writes the expected answer for a prompt of task `name`; returns false for an unknown task.
 static bool oracle(const char *name, const char *p, char *out) {
     char w[64], x[64];
@@ -103,7 +116,7 @@ static bool oracle(const char *name, const char *p, char *out) {
     int n, k;
     const char *arg = strchr(p, ' ') ? strchr(p, ' ') + 1 : p;
     if (!strncmp(name, "add", 3) || !strncmp(name, "sub", 3) || !strncmp(name, "mul", 3) || !strcmp(name, "mod") ||
-        !strcmp(name, "calc") || !strcmp(name, "paren")) {
+        !strcmp(name, "calc") || !strcmp(name, "paren") || !strcmp(name, "tcalc")) {
         sprintf(out, "%lld", ev_eq(arg));
     } else if (!strcmp(name, "inc")) {
         sprintf(out, "%lld", atoll(arg) + 1);
@@ -217,6 +230,10 @@ static bool oracle(const char *name, const char *p, char *out) {
         cr_assert_eq(sscanf(arg, "%d %63[a-z]:", &k, w), 2);
         out[0] = '\0';
         for (int i = 0; i < k; i++) strcat(out, w);
+    } else if (!strcmp(name, "tlook")) {
+        cr_assert_eq(sscanf(arg, "%63[a-z0-9]+%lld=", w, &a), 2, "tlook: '%s'", p);
+        cr_assert(strlen(w) >= 1 && strlen(w) <= 8 && a >= 0, "tlook: '%s'", p);
+        sprintf(out, "%lld", lookup_table(w) + a);
     } else {
         return false;
     }
@@ -238,15 +255,39 @@ Test(tasks, registry_is_complete_and_consistent) {
         cr_assert(t->name && *t->name && t->description && *t->description && t->generate && t->verify);
         cr_assert_eq(task_find(t->name), t, "task_find(%s)", t->name);
         cr_assert(!strcmp(t->family, "arithmetic") || !strcmp(t->family, "string") || !strcmp(t->family, "list") ||
-                      !strcmp(t->family, "logic") || !strcmp(t->family, "format"),
+                      !strcmp(t->family, "logic") || !strcmp(t->family, "format") || !strcmp(t->family, "tools"),
                   "%s: family %s", t->name, t->family);
         for (int j = 0; j < i; j++) cr_assert_str_neq(task_at(j)->name, t->name);
     }
     static const char *const required[] = {"add1", "add2", "add3", "sub2", "mul1", "mul2", "mod",  "calc",
                                            "rev",  "csort", "count", "dedup", "caesar", "upper", "max", "min",
-                                           "sum",  "sort", "second", "parity", "cmp", "maj", "wrap", "words"};
+                                           "sum",  "sort", "second", "parity", "cmp", "maj", "wrap", "words",
+                                           "tcalc", "tlook"};
     for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
         cr_assert_not_null(task_find(required[i]), "missing %s", required[i]);
+}
+
+// The registry order is part of the contract: new families go last, so the index of a task
+// never moves (a task index may be stored), and tasks with tools are exactly those of the
+// "tools" family, each with both an environment and a trace.
+Test(tasks, registry_order_and_tool_members) {
+    static const char *const first[] = {"add1", "add2", "add3", "add4", "sub1", "sub2", "sub3", "mul1", "mul21",
+                                        "mul2", "mod",  "calc", "paren", "inc", "dsum", "rev", "csort", "count",
+                                        "dedup", "caesar", "upper", "len", "vowels", "twice", "max", "min", "sum",
+                                        "sort", "second", "lrev", "spread", "parity", "cmp", "maj", "pal", "xor",
+                                        "issort", "wrap", "words", "pad", "commas", "rep", "tcalc", "tlook"};
+    int n = (int)(sizeof first / sizeof first[0]);
+    cr_assert_geq(task_count(), n);
+    for (int i = 0; i < n; i++) cr_assert_str_eq(task_at(i)->name, first[i], "task %d", i);
+    int tools = 0;
+    for (int i = 0; i < task_count(); i++) {
+        const task_t *t = task_at(i);
+        bool fam = !strcmp(t->family, "tools");
+        cr_assert_eq(t->env != NULL, fam, "%s: env", t->name);
+        cr_assert_eq(t->trace != NULL, fam, "%s: trace", t->name);
+        tools += fam;
+    }
+    cr_assert_geq(tools, 2);
 }
 
 Test(tasks, every_task_has_an_oracle) {
