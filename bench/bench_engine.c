@@ -13,43 +13,8 @@
 
 #include "common/engine/engine.h"
 #include "common/engine/sampler.h"
+#include "bench/bench_util.h"
 #include "common/util/util.h"
-
-static void machine(void) {
-    char model[256] = "unknown";
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (f) {
-        char line[512];
-        while (fgets(line, sizeof line, f))
-            if (!strncmp(line, "model name", 10)) {
-                char *c = strchr(line, ':');
-                if (c) snprintf(model, sizeof model, "%s", c + 2);
-                model[strcspn(model, "\n")] = 0;
-                break;
-            }
-        fclose(f);
-    }
-    time_t t = time(NULL);
-    char ts[64];
-    strftime(ts, sizeof ts, "%Y-%m-%d %H:%M UTC", gmtime(&t));
-    printf("machine: %s, %ld cores online, MARLAAS_THREADS=%d, %s\n", model, sysconf(_SC_NPROCESSORS_ONLN),
-           util_threads(), ts);
-}
-
-static double sgemm_gflops(int M, int N, int K) {
-    float *A = falloc((size_t)M * K), *B = falloc((size_t)N * K), *C = falloc((size_t)M * N);
-    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)(i % 7) * 0.1f;
-    for (size_t i = 0; i < (size_t)N * K; i++) B[i] = (float)(i % 5) * 0.1f;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, A, K, B, K, 0, C, N);
-    int reps = 0;
-    double t0 = util_now(), t;
-    do {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, A, K, B, K, 0, C, N);
-        reps++;
-    } while ((t = util_now() - t0) < 0.5);
-    free(A), free(B), free(C);
-    return 2.0 * M * N * K * reps / t / 1e9;
-}
 
 typedef struct {
     const char *name;
@@ -156,7 +121,7 @@ int main(int argc, char **argv) {
         }
     }
     util_threads_init();
-    machine();
+    bench_machine();
     shape_t shapes[2] = {{"3M", shape(256, 4, 4, 2, 688, 512)}, {"25M", shape(512, 8, 8, 4, 1536, 512)}};
     int batches[4] = {1, 8, 32, 128};
     int P = 64;
@@ -174,8 +139,8 @@ int main(int argc, char **argv) {
         }
         engine_t *e = engine_new(m, pool, err);
         int D = c->hidden_size, F = c->intermediate_size;
-        double peak = sgemm_gflops(2048, 2048, 2048);
-        double shaped = sgemm_gflops(4096, F, D);
+        double peak = bench_sgemm_gflops(2048, 2048, 2048, 0.5);
+        double shaped = bench_sgemm_gflops(4096, F, D, 0.5);
         printf("\nmodel %s: %.2fM parameters (D=%d L=%d H=%d KV=%d F=%d V=%d), LoRA rank 8 on all 7 targets\n",
                shapes[si].name, m->n_params / 1e6, D, c->num_hidden_layers, c->num_attention_heads,
                c->num_key_value_heads, F, c->vocab_size);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/bench_util.h"
 #include "common/engine/optim.h"
 #include "common/rl/rl.h"
 #include "common/tasks/tasks.h"
@@ -74,23 +75,8 @@ static int32_t *task_prompt(const tokenizer_t *tok, int i, int *n) {
 }
 
 // --- sgemm: the machine's reference speed at this thread count -------------------------------------
-static double sgemm_gflops(int M, int N, int K) {
-    float *A = falloc((size_t)M * K), *Bm = falloc((size_t)N * K), *C = falloc((size_t)M * N);
-    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)(i % 7) * 0.1f;
-    for (size_t i = 0; i < (size_t)N * K; i++) Bm[i] = (float)(i % 5) * 0.1f;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, A, K, Bm, K, 0, C, N);
-    int reps = 0;
-    double t0 = util_now(), t;
-    do {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, A, K, Bm, K, 0, C, N);
-        reps++;
-    } while ((t = util_now() - t0) < min_seconds);
-    free(A), free(Bm), free(C);
-    return 2.0 * M * N * K * reps / t / 1e9;
-}
-
 static int cmd_sgemm(void) {
-    printf("threads,gflops_2048\n%d,%.1f\n", util_threads(), sgemm_gflops(2048, 2048, 2048));
+    printf("threads,gflops_2048\n%d,%.1f\n", util_threads(), bench_sgemm_gflops(2048, 2048, 2048, min_seconds));
     return 0;
 }
 

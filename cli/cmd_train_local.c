@@ -124,6 +124,13 @@ int cmd_train_local(int argc, char **argv) {
         fprintf(stderr, "marlaas train-local: %s\n", err);
         return 1;
     }
+    if (src.task && src.task->env) {
+        // the local loop samples single-turn completions; tool episodes run in the services
+        fprintf(stderr, "marlaas train-local: task %s uses tools, and train-local does not run multi-turn episodes "
+                        "yet; train it as a job: marlaas submit --task %s --max-turns 4\n", o.task, o.task);
+        rl_source_close(&src);
+        return 1;
+    }
     rl_runtime_t *rt = rl_runtime_open(o.model, NULL, err);
     if (!rt) {
         fprintf(stderr, "marlaas train-local: %s\n", err);

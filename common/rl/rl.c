@@ -157,6 +157,17 @@ static void str_append(char **dst, const char *s) {
     memcpy(*dst + a, s, b + 1);
 }
 
+// After a failure mid-way: runs and drops whatever the generator still holds, so no request of
+// a failed evaluation is left behind.
+static void gen_drain(gen_t *g) {
+    while (gen_pending(g)) {
+        char e2[ERR_LEN];
+        if (gen_run(g, e2)) break;
+        gen_result_t *left;
+        while ((left = gen_take(g))) gen_result_free(&left);
+    }
+}
+
 // Greedy tool episodes of an environment task, turn by turn: every live episode's next turn is
 // generated from its whole context (prompt + transcript, prefilled again), the turns of all
 // episodes of a round in one batch.
@@ -223,13 +234,7 @@ static int evaluate_episodes(rl_runtime_t *rt, int slot, const rl_source_t *src,
     }
     rc = 0;
 done:
-    // a failure mid-way leaves no requests behind in the generator
-    while (rc && gen_pending(rt->gen)) {
-        char e2[ERR_LEN];
-        if (gen_run(rt->gen, e2)) break;
-        gen_result_t *left;
-        while ((left = gen_take(rt->gen))) gen_result_free(&left);
-    }
+    if (rc) gen_drain(rt->gen);
     for (int i = 0; i < n; i++) {
         task_example_free(&ex[i]);
         free(text[i]);
@@ -285,13 +290,7 @@ int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int n, int m
     }
     rc = 0;
 done:
-    // a failure mid-way leaves no requests behind in the generator
-    while (rc && gen_pending(rt->gen)) {
-        char e2[ERR_LEN];
-        if (gen_run(rt->gen, e2)) break;
-        gen_result_t *left;
-        while ((left = gen_take(rt->gen))) gen_result_free(&left);
-    }
+    if (rc) gen_drain(rt->gen);
     for (int i = 0; i < n; i++) task_example_free(&ex[i]);
     free(ex);
     free(handle);

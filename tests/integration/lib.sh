@@ -7,6 +7,7 @@
 #   wait_jobs TOKEN TIMEOUT_S          waits until no job of the tenant is queued/running
 #   job_field TOKEN JOB FIELD          prints a field of `marlaas status JOB`
 #   svc_pid NAME                       pid of a service of the cluster
+#   free_low_port                      a free loopback port for an example service
 #   cluster_down                       stops everything (also registered as an EXIT trap)
 BIN=${MARLAAS_BIN:-build/bin}
 M="$BIN/marlaas"
@@ -26,6 +27,25 @@ free_port_base() {
         fi
     done
     echo 10000
+}
+
+# free_low_port: a loopback port nobody listens on, for an example service a test starts. It
+# lies below the kernel's range for outgoing connections (a client reconnecting to a dead port
+# there is never handed that port as its own source, and an outgoing connection never holds it)
+# and in the upper half of a hundred, which lib.sh never gives a cluster (base + 0..21).
+free_low_port() {
+    local lo span p
+    lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    span=$(( (lo - 10100) / 100 ))
+    [ "$span" -ge 1 ] || span=1
+    for _ in $(seq 1 100); do
+        p=$(( 10000 + (RANDOM % span) * 100 + 50 + RANDOM % 50 ))
+        if ! ss -ltn 2>/dev/null | awk '{print $4}' | grep -qE ":$p\$"; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 1
 }
 
 cluster_up() {

@@ -22,25 +22,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A loopback port nobody listens on, below the kernel's range for outgoing connections (a
-# client reconnecting to a dead port there is never handed that port as its own source, and an
-# outgoing connection never holds it) and in the upper half of a hundred, which lib.sh never
-# gives a cluster (base + 0..21).
-free_low_port() {
-    local lo span p
-    lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-    span=$(( (lo - 10100) / 100 ))
-    [ "$span" -ge 1 ] || span=1
-    for _ in $(seq 1 100); do
-        p=$(( 10000 + (RANDOM % span) * 100 + 50 + RANDOM % 50 ))
-        if ! ss -ltn 2>/dev/null | awk '{print $4}' | grep -qE ":$p\$"; then
-            echo "$p"
-            return 0
-        fi
-    done
-    return 1
-}
-
 # start_reward_service LOG [flags]: starts the example service, sets SVC_PORT and SVC_PID. A port
 # taken between the check and the bind makes it exit, so a few ports are tried.
 start_reward_service() {
