@@ -7,9 +7,12 @@
 # training, its final eval on the 400 examples asked for. Async must train as well as sync,
 # within the run-to-run noise of GRPO on micro (one job's final accuracy varies by up to ~15
 # points between identical runs) and of a 400-example eval (±5 points):
-#   - each job's final accuracy under async within 25 points of its sync result (a job that
-#     did not learn at all under one policy differs by more: vowels alone rises ~40 points);
-#   - the mean final accuracy of the 4 jobs under async within 10 points of the sync mean.
+#   - no job's final accuracy under async more than 25 points below its sync result (a job that
+#     did not learn at all under async falls further: vowels alone rises ~40 points);
+#   - the mean final accuracy of the 4 jobs under async not more than 10 points below the sync
+#     mean. One-sided: what must not happen is async training worse. Async has come out ahead
+#     in every run since the trainer shares prompts (mean +5 to +13 points here, +5.8 over 32
+#     jobs in the benchmark), which these bounds let through.
 # Prints a table (accuracy before -> after, final eval examples, per policy) and the wall times.
 set -euo pipefail
 source tests/integration/lib.sh
@@ -96,8 +99,8 @@ for i in "${!TASKS[@]}"; do
     sum_s=$(awk -v x="$sum_s" -v y="$s" 'BEGIN {print x + y}')
     sum_a=$(awk -v x="$sum_a" -v y="$a" 'BEGIN {print x + y}')
     worst=$(awk -v w="$worst" -v d="$d" 'BEGIN {d = d < 0 ? -d : d; printf "%.1f", (d > w ? d : w)}')
-    if awk -v d="$d" -v t="$JOB_TOL" 'BEGIN {exit !(d > t || -d > t)}'; then
-        bad "${TASKS[$i]}: async final accuracy $a% is more than $JOB_TOL points from sync's $s%"
+    if awk -v d="$d" -v t="$JOB_TOL" 'BEGIN {exit !(-d > t)}'; then
+        bad "${TASKS[$i]}: async final accuracy $a% is more than $JOB_TOL points below sync's $s%"
     fi
 done
 k=${#TASKS[@]}
@@ -105,8 +108,8 @@ mean_s=$(awk -v x="$sum_s" -v k="$k" 'BEGIN {printf "%.1f", x / k}')
 mean_a=$(awk -v x="$sum_a" -v k="$k" 'BEGIN {printf "%.1f", x / k}')
 mean_d=$(awk -v s="$mean_s" -v a="$mean_a" 'BEGIN {printf "%+.1f", a - s}')
 printf '%-8s %-22s %-22s %8s\n' mean "$mean_s" "$mean_a" "$mean_d"
-if awk -v d="$mean_d" -v t="$MEAN_TOL" 'BEGIN {exit !(d > t || -d > t)}'; then
-    bad "mean async final accuracy $mean_a% is more than $MEAN_TOL points from sync's $mean_s%"
+if awk -v d="$mean_d" -v t="$MEAN_TOL" 'BEGIN {exit !(-d > t)}'; then
+    bad "mean async final accuracy $mean_a% is more than $MEAN_TOL points below sync's $mean_s%"
 fi
 # sync: one job at a time (its steps form one run in the trainer's log), one step at a time
 # (every step trains on samples of the current version)
@@ -119,6 +122,6 @@ speed=$(awk -v s="${WALL[sync]}" -v a="${WALL[async]}" 'BEGIN {printf "%.1f", (a
 echo "wall time: sync ${WALL[sync]}s, async ${WALL[async]}s (${speed}x)"
 verdict=ok
 [ "$fail" -eq 0 ] || verdict=FAILED
-echo "sync vs async, 4 jobs x 150 steps: final accuracy mean sync $mean_s%, async $mean_a% ($mean_d, tolerance $MEAN_TOL)," \
-    "largest per-job difference $worst points (tolerance $JOB_TOL); wall sync ${WALL[sync]}s, async ${WALL[async]}s (${speed}x); $verdict"
+echo "sync vs async, 4 jobs x 150 steps: final accuracy mean sync $mean_s%, async $mean_a% ($mean_d, at most $MEAN_TOL below allowed)," \
+    "largest per-job difference $worst points (at most $JOB_TOL below allowed); wall sync ${WALL[sync]}s, async ${WALL[async]}s (${speed}x); $verdict"
 exit $fail
