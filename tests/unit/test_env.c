@@ -658,7 +658,7 @@ Test(env, evaluate_runs_tool_episodes, .timeout = 120) {
 // models/tiny was pretrained on the tool traces: with the environment answering its calls it
 // solves the tool tasks, and without one it cannot (it never learnt to write observations).
 // This is the only test where observations really flow back into the model.
-Test(env, tiny_solves_tool_tasks_only_with_tools, .timeout = 300) {
+Test(env, tiny_solves_tool_tasks_only_with_tools, .timeout = 600) {
     char err[ERR_LEN];
     // under valgrind (50x slower) the first 10 eval prompts: greedy episodes on fixed prompts
     // give the same answers every run, and the code paths are the same
