@@ -12,6 +12,7 @@
 #include "common/rl/rl.h"
 #include "common/tasks/env.h"
 #include "common/tasks/tasks.h"
+#include "testutil.h"
 
 #if defined(__has_include)
 #if __has_include(<valgrind/valgrind.h>)
@@ -282,18 +283,6 @@ Test(env, calc_agrees_with_a_128_bit_evaluator) {
 
 // --- lookup table --------------------------------------------------------------------------
 
-// The table as documented in env.c: FNV-1a 64 of the key, the splitmix64 finaliser, mod 900,
-// plus 100. Written again here so that a change to the table shows up as a failing test
-// (models are trained on it).
-static long long table(const char *key) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const char *p = key; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-    h += 0x9e3779b97f4a7c15ull;
-    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
-    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
-    h ^= h >> 31;
-    return 100 + (long long)(h % 900);
-}
 
 Test(env, lookup_is_the_documented_table) {
     static const char *const keys[] = {"qz7", "a", "0", "zzzzzzzz", "abc", "abd", "k9", "tlook", "12345678"};
@@ -302,8 +291,8 @@ Test(env, lookup_is_the_documented_table) {
         cr_assert_eq(env_lookup(keys[i], strlen(keys[i]), &v), 0, "'%s'", keys[i]);
         cr_assert_eq(env_lookup(keys[i], strlen(keys[i]), &w), 0);
         cr_assert_eq(v, w, "'%s' not deterministic", keys[i]);
-        cr_assert_eq(v, table(keys[i]), "'%s' = %lld, the documented table says %lld", keys[i], (long long)v,
-                     table(keys[i]));
+        cr_assert_eq(v, tu_lookup_table(keys[i]), "'%s' = %lld, the documented table says %lld", keys[i], (long long)v,
+                     tu_lookup_table(keys[i]));
     }
     // pinned values: the shipped models learnt to use exactly this table
     int64_t v;
@@ -346,7 +335,7 @@ Test(env, lookup_key_rules) {
     cr_assert_eq(env_lookup(NULL, 3, &v), -1);
     cr_assert_eq(env_lookup("ab\0", 3, &v), -1, "a NUL inside len is no key character");
     cr_assert_eq(env_lookup("qz7+12", 3, &v), 0, "only len bytes are read");
-    cr_assert_eq(v, table("qz7"));
+    cr_assert_eq(v, tu_lookup_table("qz7"));
     cr_assert_eq(env_lookup("qz7", 3, NULL), 0, "out may be NULL");
 }
 
@@ -375,7 +364,7 @@ Test(env, step_answers_the_call_at_the_end) {
     step_is("<c: 2 * (3+4) >", 1, "=14 ");
     step_is("I will compute <c:6*7>", 1, "=42 ");
     char want[ENV_OBS_MAX];
-    snprintf(want, sizeof want, "=%lld ", table("qz7"));
+    snprintf(want, sizeof want, "=%lld ", tu_lookup_table("qz7"));
     step_is("<k:qz7>", 1, want);
     step_is("<k:qz7>=418 <k:qz7>", 1, want);   // a wrong observation earlier changes nothing
     step_is("<c:9223372036854775807>", 1, "=9223372036854775807 ");
@@ -607,7 +596,7 @@ Test(env, tool_tasks_match_the_documented_examples) {
     t = task_find("tlook");
     cr_assert_not_null(t);
     char want[128], answer[16];
-    long long v = table("qz7");
+    long long v = tu_lookup_table("qz7");
     snprintf(answer, sizeof answer, "%lld", v + 12);
     snprintf(want, sizeof want, "<k:qz7>=%lld <c:%lld+12>=%lld %lld", v, v, v + 12, v + 12);
     task_example_t ex2 = {.prompt = "tlook qz7+12=", .answer = answer};

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/tasks/tasks.h"
+#include "testutil.h"
 
 #define N_EXAMPLES 200
 #define MAX_TEXT 48
@@ -98,16 +99,6 @@ static int word_arg(const char *arg, char *w) {
     return (int)strlen(w);
 }
 
-// The lookup tool's table as env.c documents it: FNV-1a 64, splitmix64 finaliser, mod 900, + 100.
-static long long lookup_table(const char *key) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const char *p = key; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-    h += 0x9e3779b97f4a7c15ull;
-    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
-    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
-    h ^= h >> 31;
-    return 100 + (long long)(h % 900);
-}
 
 // Writes the expected answer for a prompt of task `name`; returns false for an unknown task.
 static bool oracle(const char *name, const char *p, char *out) {
@@ -233,7 +224,7 @@ static bool oracle(const char *name, const char *p, char *out) {
     } else if (!strcmp(name, "tlook")) {
         cr_assert_eq(sscanf(arg, "%63[a-z0-9]+%lld=", w, &a), 2, "tlook: '%s'", p);
         cr_assert(strlen(w) >= 1 && strlen(w) <= 8 && a >= 0, "tlook: '%s'", p);
-        sprintf(out, "%lld", lookup_table(w) + a);
+        sprintf(out, "%lld", tu_lookup_table(w) + a);
     } else {
         return false;
     }

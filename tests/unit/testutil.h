@@ -68,6 +68,19 @@ static inline lora_t *tu_adapter(const hf_config_t *c, int r, unsigned targets, 
     return a;
 }
 
+// The lookup tool's table as env.c documents it: FNV-1a 64 of the key, the splitmix64 finaliser,
+// mod 900, plus 100. Written again here, not called, so that a change to the table shows up as
+// a failing test (models are pretrained on it).
+static inline long long tu_lookup_table(const char *key) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *p = key; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    h += 0x9e3779b97f4a7c15ull;
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    return 100 + (long long)(h % 900);
+}
+
 static inline float tu_max_abs_diff(const float *a, const float *b, size_t n, size_t *where) {
     float mx = 0.0f;
     for (size_t i = 0; i < n; i++) {
