@@ -65,7 +65,7 @@ WARN     := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wvla
 OPT      := $(if $(filter 1,$(DEBUG)),-O0,-O2) -g
 CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -march=$(ARCH) -fopenmp -MMD -MP $(WARN) -I. \
             $(BLAS_CFLAGS)
-LDLIBS   := -lczmq -lzmq -lhiredis -lmsgpackc -lsodium -lcjson $(BLAS_LIBS) -fopenmp -lm -lpthread
+LDLIBS   := -lczmq -lzmq -lhiredis -lmsgpackc -lsodium -lcjson -lmicrohttpd $(BLAS_LIBS) -fopenmp -lm -lpthread
 ifeq ($(SAN),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDLIBS   += -fsanitize=address,undefined

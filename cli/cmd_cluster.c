@@ -180,10 +180,17 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     snprintf(threads_env, sizeof threads_env, "MARLAAS_THREADS=%ld", o->threads);
     // Each service gets one thread: on a small machine the rollout and the trainer then each
     // own a core instead of spinning against each other.
-    char *extra[13] = {env[0], env[1], env[2], env[3], env[4], env[5], env[6], env[7], env[8],
-                       model_env, policy_env, threads_env, NULL};
+    char http_env[64];
+    char *extra[14] = {env[0], env[1], env[2], env[3], env[4], env[5], env[6], env[7], env[8],
+                       model_env, policy_env, threads_env, http_env, NULL};
+    // each service's /healthz /readyz /metrics on loopback, port base + 30 + i; listed in RUN/http
+    char httpf[4200];
+    snprintf(httpf, sizeof httpf, "%s/http", o->run);
+    FILE *hf = fopen(httpf, "w");
     for (int i = 0; i < 4; i++) {
         char exe[4200], log[4200];
+        snprintf(http_env, sizeof http_env, "MARLAAS_HTTP=127.0.0.1:%ld", b + 30 + i);
+        if (hf) fprintf(hf, "%s 127.0.0.1:%ld\n", services[i], b + 30 + i);
         snprintf(exe, sizeof exe, "%s/marlaas-%s", bdir, services[i]);
         snprintf(log, sizeof log, "%s/%s.log", logs, services[i]);
         char *argv[] = {exe, NULL};
@@ -192,6 +199,7 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
         fflush(pf);
     }
     fclose(pf);
+    if (hf) fclose(hf);
     // ready when the scheduler answers
     char ep[64];
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%ld", b);
@@ -217,8 +225,9 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
         cluster_down(o->run, true);
         return -1;
     }
-    fprintf(stderr, "up: redis-server on 127.0.0.1:%d, API on %s, model %s, policy %s; logs in %s, settings in %s\n",
-            rport, ep, o->model, o->policy, logs, envf);
+    fprintf(stderr, "up: redis-server on 127.0.0.1:%d, API on %s, model %s, policy %s; logs in %s, settings in %s; "
+            "metrics at http://127.0.0.1:%ld..%ld/metrics (%s)\n",
+            rport, ep, o->model, o->policy, logs, envf, b + 30, b + 33, httpf);
     return 0;
 }
 

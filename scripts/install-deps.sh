@@ -5,8 +5,8 @@ set -euo pipefail
 
 PKGS=(build-essential pkg-config
       libopenblas-dev libopenblas-openmp-dev libcjson-dev libcriterion-dev
-      libzmq3-dev libczmq-dev libmsgpack-dev libhiredis-dev libsodium-dev redis-server valgrind iproute2
-      gnuplot-nox)   # gnuplot: the benchmark report's plots
+      libzmq3-dev libczmq-dev libmsgpack-dev libhiredis-dev libsodium-dev libmicrohttpd-dev redis-server valgrind iproute2
+      curl gnuplot-nox)   # curl: the tests read /metrics; gnuplot: the benchmark report's plots
 
 missing=()
 for p in "${PKGS[@]}"; do

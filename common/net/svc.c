@@ -3,6 +3,8 @@
 
 #include <czmq.h>
 #include <getopt.h>
+#include <hiredis/hiredis.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +31,17 @@ static const struct {
     [SVC_ADMIN_TOKEN] = {"admin-token", "MARLAAS_ADMIN_TOKEN", NULL},
     [SVC_POLICY] = {"policy", "MARLAAS_POLICY", "async"},
     [SVC_ID] = {"id", "MARLAAS_ID", NULL},
+    [SVC_HTTP] = {"http", "MARLAAS_HTTP", NULL},   // per service: see http_default
 };
+
+// Default HTTP ports: one per service, so a single host can run all four with no flags.
+static const char *http_default(const char *name) {
+    if (!strcmp(name, "scheduler")) return "9500";
+    if (!strcmp(name, "rollout")) return "9501";
+    if (!strcmp(name, "verifier")) return "9502";
+    if (!strcmp(name, "trainer")) return "9503";
+    return "0";
+}
 
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) {
@@ -42,6 +54,7 @@ bool svc_stopping(void) { return stop_flag || zsys_interrupted; }
 int svc_init(svc_t *s, const char *name, int argc, char **argv, const char *help) {
     memset(s, 0, sizeof *s);
     s->name = name;
+    snprintf(s->http_def, sizeof s->http_def, "%s", http_default(name));
     struct option lo[SVC_N_OPTS + 3];
     for (int i = 0; i < SVC_N_OPTS; i++) lo[i] = (struct option){opts[i].flag, required_argument, NULL, 1000 + i};
     lo[SVC_N_OPTS] = (struct option){"set", required_argument, NULL, 's'};
@@ -65,7 +78,8 @@ int svc_init(svc_t *s, const char *name, int argc, char **argv, const char *help
             FILE *f = c == 'h' ? stdout : stderr;
             fprintf(f, "usage: marlaas-%s [options]\n%s\ncommon options (flag / environment / default):\n", name, help);
             for (int i = 0; i < SVC_N_OPTS; i++)
-                fprintf(f, "  --%-15s %-24s %s\n", opts[i].flag, opts[i].env, opts[i].def ? opts[i].def : "-");
+                fprintf(f, "  --%-15s %-24s %s\n", opts[i].flag, opts[i].env,
+                        i == SVC_HTTP ? s->http_def : opts[i].def ? opts[i].def : "-");
             return c == 'h' ? 1 : -1;
         }
     }
@@ -76,7 +90,7 @@ int svc_init(svc_t *s, const char *name, int argc, char **argv, const char *help
     for (int i = 0; i < SVC_N_OPTS; i++) {
         if (s->opt[i]) continue;
         const char *e = getenv(opts[i].env);
-        s->opt[i] = (e && *e) ? e : opts[i].def;
+        s->opt[i] = (e && *e) ? e : i == SVC_HTTP ? s->http_def : opts[i].def;
     }
     if (s->opt[SVC_ID]) snprintf(s->id, sizeof s->id, "%s", s->opt[SVC_ID]);
     else {
@@ -115,27 +129,132 @@ const char *svc_extra(const svc_t *s, const char *key, const char *def) {
     return def;
 }
 
-store_t *svc_store(const svc_t *s, char *err) {
-    char host[256];
-    int port = 6379;
+static void redis_addr(const svc_t *s, char *host, size_t n, int *port) {
     const char *r = s->opt[SVC_REDIS];
     const char *colon = strrchr(r, ':');
+    *port = 6379;
     if (colon) {
-        snprintf(host, sizeof host, "%.*s", (int)(colon - r), r);
-        port = atoi(colon + 1);
+        snprintf(host, n, "%.*s", (int)(colon - r), r);
+        *port = atoi(colon + 1);
     } else {
-        snprintf(host, sizeof host, "%s", r);
+        snprintf(host, n, "%s", r);
     }
+}
+
+store_t *svc_store(const svc_t *s, char *err) {
+    char host[256];
+    int port;
+    redis_addr(s, host, sizeof host, &port);
     return store_new(host, port, s->opt[SVC_PREFIX], err);
 }
 
-void svc_heartbeat(const svc_t *s, store_t *st, int ttl, int n, const char **fields, const char **values) {
+// /readyz pings Redis on a connection of its own with a 1 s timeout: the main loop would notice
+// a stopped Redis only when its own call times out (STORE_IO_TIMEOUT_MS).
+typedef struct {
+    pthread_mutex_t mu;
+    char host[256];
+    int port;
+    redisContext *c;
+} probe_t;
+static probe_t probe = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static bool redis_check(void *ctx, char *why, size_t n) {
+    (void)ctx;
+    pthread_mutex_lock(&probe.mu);
+    struct timeval tv = {1, 0};
+    if (!probe.c) {
+        probe.c = redisConnectWithTimeout(probe.host, probe.port, tv);
+        if (probe.c && !probe.c->err) redisSetTimeout(probe.c, tv);
+    }
+    bool ok = false;
+    if (probe.c && !probe.c->err) {
+        redisReply *r = redisCommand(probe.c, "PING");
+        ok = r && r->type == REDIS_REPLY_STATUS && !strcmp(r->str, "PONG");
+        if (r) freeReplyObject(r);
+    }
+    if (!ok) {
+        snprintf(why, n, "Redis at %s:%d does not answer (%s; check --redis / MARLAAS_REDIS and the Redis server)",
+                 probe.host, probe.port, probe.c && probe.c->errstr[0] ? probe.c->errstr : "no reply");
+        if (probe.c) redisFree(probe.c);
+        probe.c = NULL;
+    }
+    pthread_mutex_unlock(&probe.mu);
+    return ok;
+}
+
+static void update_ready(svc_t *s) {
+    char why[400];
+    if (!s->redis_ok) snprintf(why, sizeof why, "Redis at %s is unreachable (check --redis / MARLAAS_REDIS)", s->opt[SVC_REDIS]);
+    else snprintf(why, sizeof why, "%s", s->not_ready);
+    metrics_ready(s->met, s->ready_self && s->redis_ok, why);
+}
+
+int svc_heartbeat(svc_t *s, store_t *st, int ttl, int n, const char **fields, const char **values) {
     char key[256], err[ERR_LEN], now[32];
     const char *f[34], *v[34];
     snprintf(now, sizeof now, "%ld", (long)time(NULL));
     f[0] = "time", v[0] = now;
     f[1] = "service", v[1] = s->name;
     for (int i = 0; i < n && i < 32; i++) f[i + 2] = fields[i], v[i + 2] = values[i];
-    if (!store_key(st, key, sizeof key, "svc:%s:%s", s->name, s->id)) return;
-    if (store_hset(st, key, (n < 32 ? n : 32) + 2, f, v, err) == 0) store_expire(st, key, ttl, err);
+    if (!store_key(st, key, sizeof key, "svc:%s:%s", s->name, s->id)) return -1;
+    bool ok = store_hset(st, key, (n < 32 ? n : 32) + 2, f, v, err) == 0 && store_expire(st, key, ttl, err) == 0;
+    if (ok != s->redis_ok) {
+        if (ok) log_info("Redis reachable again");
+        else log_warn("heartbeat not written: %s (not ready until Redis answers)", err);
+    }
+    s->redis_ok = ok;
+    metrics_set(s->met, s->m_redis_up, NULL, ok);
+    if (!ok) metrics_add(s->met, s->m_errors, NULL, 1);
+    update_ready(s);
+    return ok ? 0 : -1;
+}
+
+int svc_serve(svc_t *s, char *err) {
+    s->met = metrics_new(s->name, s->id);
+    s->redis_ok = true;
+    snprintf(s->not_ready, sizeof s->not_ready, "starting (loading the model, connecting)");
+    s->m_redis_up = metrics_def(s->met, "marlaas_redis_up", MET_GAUGE, "1 when the last write to Redis succeeded.");
+    s->m_busy_s = metrics_def(s->met, "marlaas_busy_seconds_total", MET_COUNTER, "Seconds spent computing.");
+    s->m_busy_frac = metrics_def(s->met, "marlaas_busy_fraction", MET_GAUGE,
+                                 "Busy seconds divided by uptime, over the last 10 seconds.");
+    s->m_received = metrics_def(s->met, "marlaas_messages_received_total", MET_COUNTER,
+                                "Messages taken from the service's input socket(s).");
+    s->m_rejected = metrics_def(s->met, "marlaas_messages_rejected_total", MET_COUNTER,
+                                "Input messages dropped as malformed or unusable.");
+    s->m_errors = metrics_def(s->met, "marlaas_errors_total", MET_COUNTER,
+                              "Errors of any kind: rejected input, failed tasks, sends that found no peer, Redis failures.");
+    s->m_queue = metrics_def(s->met, "marlaas_queue_depth", MET_GAUGE, "Work items waiting in this service.");
+    metrics_set(s->met, s->m_redis_up, NULL, 1);
+    const char *stall = getenv("MARLAAS_STALL_S");
+    if (stall && *stall) metrics_set_stall(s->met, atof(stall));
+    update_ready(s);
+    redis_addr(s, probe.host, sizeof probe.host, &probe.port);
+    metrics_set_check(s->met, redis_check, NULL);
+    s->http = http_start(s->opt[SVC_HTTP], s->met, err);
+    if (!s->http && err[0]) return -1;
+    if (s->http) log_info("serving /healthz /readyz /metrics on port %d", http_port(s->http));
+    return 0;
+}
+
+void svc_ready(svc_t *s, bool ready, const char *why_not) {
+    if (s->ready_self == ready && (ready || !strcmp(s->not_ready, why_not ? why_not : ""))) return;
+    s->ready_self = ready;
+    snprintf(s->not_ready, sizeof s->not_ready, "%s", ready ? "" : why_not ? why_not : "not ready");
+    update_ready(s);
+}
+
+void svc_tick(svc_t *s) { metrics_alive(s->met); }
+
+void svc_busy(svc_t *s, double busy_s, double up_s) {
+    metrics_set(s->met, s->m_busy_s, NULL, busy_s);
+    metrics_set(s->met, s->m_busy_frac, NULL, met_window_rate(&s->busy_win, up_s, busy_s, 10.0));
+}
+
+void svc_close(svc_t *s) {
+    http_stop(&s->http);
+    metrics_destroy(&s->met);
+    pthread_mutex_lock(&probe.mu);
+    if (probe.c) redisFree(probe.c);
+    probe.c = NULL;
+    pthread_mutex_unlock(&probe.mu);
 }

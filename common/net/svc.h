@@ -16,6 +16,8 @@
 //   --admin-token  MARLAAS_ADMIN_TOKEN     (scheduler; required to create tenants)
 //   --policy       MARLAAS_POLICY          async                   (scheduler: async | sync)
 //   --id           MARLAAS_ID              NAME-HOST-PID
+//   --http         MARLAAS_HTTP            scheduler 9500, rollout 9501, verifier 9502, trainer 9503
+//                                          (GET /healthz /readyz /metrics; PORT, HOST:PORT, 0 = off)
 // A service binds the endpoints it owns on all interfaces (tcp://*:PORT, port taken from the
 // setting) and connects to the others as given.
 #ifndef MARLAAS_SVC_H
@@ -23,11 +25,13 @@
 
 #include <stdbool.h>
 
+#include "common/net/http.h"
+#include "common/net/metrics.h"
 #include "common/net/store.h"
 
 typedef enum {
     SVC_REDIS, SVC_PREFIX, SVC_MODEL, SVC_API, SVC_WORK, SVC_EVENTS, SVC_REPORTS, SVC_VERIFIERS, SVC_TRAINER,
-    SVC_TRAINER_EVENTS, SVC_THREADS, SVC_ADMIN_TOKEN, SVC_POLICY, SVC_ID, SVC_N_OPTS
+    SVC_TRAINER_EVENTS, SVC_THREADS, SVC_ADMIN_TOKEN, SVC_POLICY, SVC_ID, SVC_HTTP, SVC_N_OPTS
 } svc_opt_t;
 
 typedef struct {
@@ -36,6 +40,15 @@ typedef struct {
     char id[128];
     char extra[16][2][256];        // service-specific --key=value flags (see svc_extra)
     int n_extra;
+    char http_def[16];             // this service's default HTTP port
+    metrics_t *met;                // live counters and health (svc_serve); NULL before
+    http_srv_t *http;
+    bool ready_self;               // the service's own readiness (svc_ready) ...
+    bool redis_ok;                 // ... and the last Redis write's outcome
+    char not_ready[256];
+    // families every service fills (metrics_def handles)
+    met_window_t busy_win;
+    int m_redis_up, m_busy_s, m_busy_frac, m_received, m_rejected, m_errors, m_queue;
 } svc_t;
 
 // Parses argv (the common flags above plus --set KEY=VALUE service extras). Prints usage and
@@ -49,7 +62,21 @@ const char *svc_extra(const svc_t *s, const char *key, const char *def);
 // Connects to Redis per --redis / --prefix. NULL + err.
 store_t *svc_store(const svc_t *s, char *err);
 // Writes svc:{name}:{id} (hash of the given fields plus time) with a TTL of ttl seconds.
-void svc_heartbeat(const svc_t *s, store_t *st, int ttl, int n, const char **fields, const char **values);
+// Returns 0, or -1 when Redis did not take it (readiness then fails until a write succeeds).
+int svc_heartbeat(svc_t *s, store_t *st, int ttl, int n, const char **fields, const char **values);
+
+// Starts the metrics registry and the HTTP endpoint (--http). Call right after svc_init, before
+// loading models, so probes answer while the service starts. -1 + err when the port cannot be
+// served. With --http 0 the registry still exists and nothing listens.
+int svc_serve(svc_t *s, char *err);
+// The service's own readiness (combined with Redis reachability for /readyz).
+void svc_ready(svc_t *s, bool ready, const char *why_not);
+// The main loop turned (liveness for /healthz). Call once per loop iteration.
+void svc_tick(svc_t *s);
+// Busy accounting for the common families: busy seconds so far and uptime.
+void svc_busy(svc_t *s, double busy_s, double up_s);
+// Stops the HTTP endpoint and frees the registry.
+void svc_close(svc_t *s);
 // True once SIGINT or SIGTERM has been received.
 bool svc_stopping(void);
 

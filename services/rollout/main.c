@@ -20,9 +20,30 @@ int main(int argc, char **argv) {
     int rc = svc_init(&s, "rollout", argc, argv, HELP);
     if (rc) return rc > 0 ? 0 : 2;
     char err[ERR_LEN];
+    if (svc_serve(&s, err)) {
+        log_error("%s", err);
+        svc_close(&s);
+        return 1;
+    }
+    metrics_t *met = s.met;
+    const int m_tokens = metrics_def(met, "marlaas_rollout_tokens_total", MET_COUNTER, "Tokens generated."),
+              m_tps = metrics_def(met, "marlaas_rollout_tokens_per_second", MET_GAUGE,
+                                  "Tokens generated per second over the last 10 seconds."),
+              m_tasks = metrics_def(met, "marlaas_rollout_tasks_completed_total", MET_COUNTER,
+                                    "Rollout tasks whose completions went to a verifier."),
+              m_failed = metrics_def(met, "marlaas_rollout_tasks_failed_total", MET_COUNTER,
+                                     "Rollout tasks that failed (adapter missing, prompt too long) or found no verifier."),
+              m_verifiers = metrics_def(met, "marlaas_rollout_verifiers", MET_GAUGE, "Verifier endpoints connected."),
+              m_job_tasks = metrics_def_job(met, "marlaas_rollout_job_tasks_total", MET_COUNTER, "Tasks completed, per job."),
+              m_job_samples = metrics_def_job(met, "marlaas_rollout_job_samples_total", MET_COUNTER,
+                                          "Samples (episodes) generated, per job."),
+              m_job_tokens = metrics_def_job(met, "marlaas_rollout_job_tokens_total", MET_COUNTER,
+                                         "Tokens generated, per job (all turns).");
+    met_window_t tok_win = {0};
     store_t *st = svc_store(&s, err);
     if (!st) {
         log_error("%s", err);
+        svc_close(&s);
         return 1;
     }
     rl_runtime_cfg_t rc_cfg = {.n_slots = atoi(svc_extra(&s, "max_adapters", "32")),
@@ -31,6 +52,7 @@ int main(int argc, char **argv) {
     if (!rt) {
         log_error("cannot load the base model: %s (set --model or MARLAAS_MODEL)", err);
         store_destroy(&st);
+        svc_close(&s);
         return 1;
     }
     worker_t *w = worker_new(rt, st, s.id, err);
@@ -60,7 +82,10 @@ int main(int argc, char **argv) {
             int n = bus_resolve(svc_get(&s, SVC_VERIFIERS), eps, BUS_MAX_ENDPOINTS, err);
             if (n < 0) log_warn("verifiers: %s (keeping %d connections)", err, peers.n);
             else if (bus_reconcile(out, &peers, eps, n)) log_info("connected to %d verifier(s)", peers.n);
+            metrics_set(met, m_verifiers, NULL, peers.n);
+            svc_ready(&s, peers.n > 0, "no verifier endpoint resolved yet (check --verifiers / MARLAAS_VERIFIERS)");
         }
+        svc_tick(&s);
         bool busy = worker_pending(w) > 0;
         void *which = zpoller_wait(poller, busy ? 0 : 50);
         (void)which;
@@ -75,6 +100,8 @@ int main(int argc, char **argv) {
                 // the next turn of multi-turn episodes
                 if (proto_batch_decode("cont", zframe_data(f), zframe_size(f), &b, err)) {
                     rejected++;
+                    metrics_add(met, s.m_rejected, NULL, 1);
+                    metrics_add(met, s.m_errors, NULL, 1);
                     log_warn("dropped a malformed continuation (%s)", err);
                 } else {
                     tasks_in++;
@@ -82,11 +109,14 @@ int main(int argc, char **argv) {
                 }
             } else if (proto_task_decode(zframe_data(f), zframe_size(f), &t, err)) {
                 rejected++;
+                metrics_add(met, s.m_rejected, NULL, 1);
+                metrics_add(met, s.m_errors, NULL, 1);
                 log_warn("dropped a malformed task (%s)", err);
             } else {
                 tasks_in++;
                 worker_add(w, &t);
             }
+            metrics_add(met, s.m_received, NULL, 1);
             zframe_destroy(&f);
         }
         for (;;) {
@@ -101,6 +131,8 @@ int main(int argc, char **argv) {
             zmsg_destroy(&msg);
         }
         worker_step(w);
+        metrics_set(met, m_tokens, NULL, (double)worker_tokens(w));
+        metrics_set(met, s.m_queue, NULL, worker_pending(w));
         proto_batch_t *b;
         const char *terr;
         while ((b = worker_take(w, &terr))) {
@@ -110,10 +142,26 @@ int main(int argc, char **argv) {
                 proto_report_t r = {.kind = PROTO_REP_TASK_FAILED, .job = b->job, .source = s.id, .task_id = b->task_id,
                                     .error = (char *)terr};
                 if (!proto_report_encode(&r, &buf)) bus_send(rep, &buf);
+                metrics_add(met, m_failed, NULL, 1);
+                metrics_add(met, s.m_errors, NULL, 1);
             } else if (proto_batch_encode("done", b, &buf) == 0) {
-                if (bus_send(out, &buf)) logj_warn(b->job, "task %llu: no verifier reachable or queue full; dropped "
-                                                   "(the scheduler re-issues it)", (unsigned long long)b->task_id);
-                else tasks_out++;
+                if (bus_send(out, &buf)) {
+                    logj_warn(b->job, "task %llu: no verifier reachable or queue full; dropped (the scheduler re-issues it)",
+                              (unsigned long long)b->task_id);
+                    metrics_add(met, m_failed, NULL, 1);
+                    metrics_add(met, s.m_errors, NULL, 1);
+                } else {
+                    tasks_out++;
+                    uint64_t samples = 0, toks = 0;
+                    for (uint32_t g = 0; g < b->n_groups; g++) {
+                        samples += b->groups[g].n_samples;
+                        for (uint32_t k = 0; k < b->groups[g].n_samples; k++) toks += b->groups[g].samples[k].n;
+                    }
+                    metrics_add(met, m_tasks, NULL, 1);
+                    metrics_add(met, m_job_tasks, b->job, 1);
+                    metrics_add(met, m_job_samples, b->job, (double)samples);
+                    metrics_add(met, m_job_tokens, b->job, (double)toks);
+                }
             }
             proto_buf_free(&buf);
             proto_batch_free(b);
@@ -133,6 +181,8 @@ int main(int argc, char **argv) {
             const char *f[7] = {"busy_fraction", "busy_s", "tokens", "tasks", "pending", "rejected", "up_s"};
             const char *vv[7] = {v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
             svc_heartbeat(&s, st, 10, 7, f, vv);
+            svc_busy(&s, worker_busy_seconds(w), up);
+            metrics_set(met, m_tps, NULL, met_window_rate(&tok_win, up, (double)worker_tokens(w), 10.0));
         }
     }
     log_info("stopping: %llu tasks received, %llu completed, %llu rejected", (unsigned long long)tasks_in,
@@ -146,5 +196,6 @@ done:
     worker_destroy(&w);
     rl_runtime_close(&rt);
     store_destroy(&st);
+    svc_close(&s);
     return rc;
 }

@@ -18,6 +18,7 @@ struct api {
     store_t *st;
     sched_t *sc;
     char admin[256];
+    uint64_t n_req, n_err;
     hf_config_t model;
     char *model_json;
 };
@@ -389,10 +390,17 @@ static void handle(api_t *a, const proto_req_t *q, proto_rep_t *rep) {
     else if (!strcmp(q->op, "adapter_get")) rc = op_adapter_get(a, tenant, admin, q, &rep->result, err);
     else rc = err_set(err, "unknown operation '%s'", q->op);
     rep->ok = rc == 0;
+    a->n_req++;
     if (!rep->ok) {
+        a->n_err++;
         rep->error = xstrdup(err[0] ? err : "failed");
         proto_args_free(&rep->result);
     }
+}
+
+void api_counts(const api_t *a, uint64_t *requests, uint64_t *errors) {
+    *requests = a->n_req;
+    *errors = a->n_err;
 }
 
 void api_serve(api_t *a, zsock_t *router) {
@@ -419,6 +427,7 @@ void api_serve(api_t *a, zsock_t *router) {
             snprintf(msg, sizeof msg, "malformed request: %s", err);
             rep.error = xstrdup(msg);
             log_warn("api: %s", msg);
+            a->n_req++, a->n_err++;
         } else {
             rep.id = q.id;
             handle(a, &q, &rep);

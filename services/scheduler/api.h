@@ -29,5 +29,7 @@ api_t *api_new(store_t *st, sched_t *sc, const char *admin_token, const char *mo
 void api_destroy(api_t **a);
 // Reads and answers every request waiting on the ROUTER socket.
 void api_serve(api_t *a, zsock_t *router);
+// Requests answered so far, and how many of them with an error.
+void api_counts(const api_t *a, uint64_t *requests, uint64_t *errors);
 
 #endif

@@ -27,9 +27,19 @@ int main(int argc, char **argv) {
     if (!svc_get(&s, SVC_ADMIN_TOKEN) || strlen(svc_get(&s, SVC_ADMIN_TOKEN)) < 8)
         log_warn("no admin token of 8+ characters (--admin-token / MARLAAS_ADMIN_TOKEN): tenants cannot be created");
     char err[ERR_LEN], ep[256], path[4096];
+    if (svc_serve(&s, err)) {
+        log_error("%s", err);
+        svc_close(&s);
+        return 1;
+    }
+    metrics_t *met = s.met;
+    const int m_api = metrics_def(met, "marlaas_api_requests_total", MET_COUNTER, "API requests answered."),
+              m_api_err = metrics_def(met, "marlaas_api_errors_total", MET_COUNTER,
+                                      "API requests answered with an error (bad token, invalid spec, unknown job, ...).");
     store_t *st = svc_store(&s, err);
     if (!st) {
         log_error("%s", err);
+        svc_close(&s);
         return 1;
     }
     hf_config_t mc;
@@ -37,6 +47,7 @@ int main(int argc, char **argv) {
     if (hf_config_load(&mc, path, err)) {
         log_error("cannot read the base model's config: %s (set --model or MARLAAS_MODEL)", err);
         store_destroy(&st);
+        svc_close(&s);
         return 1;
     }
     zsock_t *api_sock = NULL, *work = NULL, *events = NULL, *reports = NULL;
@@ -57,6 +68,7 @@ int main(int argc, char **argv) {
                        .chunk = atoi(svc_extra(&s, "chunk", "8"))};
     if (reports) sc = sched_new(st, work, &mc, &cfg, err);
     if (sc) sched_set_events(sc, events);
+    if (sc) sched_set_metrics(sc, met);
     if (sc) api = api_new(st, sc, svc_get(&s, SVC_ADMIN_TOKEN), svc_get(&s, SVC_MODEL), err);
     if (!api) {
         log_error("%s", err);
@@ -66,11 +78,14 @@ int main(int argc, char **argv) {
     int restored = sched_restore(sc, err);
     if (restored < 0) log_warn("jobs not restored: %s", err);
     log_info("ready: policy %s, %d jobs restored, id %s", pol, restored < 0 ? 0 : restored, s.id);
+    svc_ready(&s, true, NULL);
     zpoller_t *poller = zpoller_new(api_sock, reports, NULL);
-    double last_beat = 0;
+    double last_beat = 0, busy = 0, t_start = util_now();
     uint64_t reports_in = 0, rejected = 0;
     while (!svc_stopping()) {
         zpoller_wait(poller, 5);
+        svc_tick(&s);
+        double t0 = util_now();
         api_serve(api, api_sock);
         for (int i = 0; i < 1024; i++) {
             zframe_t *f = zframe_recv_nowait(reports);
@@ -80,21 +95,27 @@ int main(int argc, char **argv) {
             if (proto_peek_type(zframe_data(f), zframe_size(f), type, err) == 0 && !strcmp(type, "cont")) {
                 if (sched_continue(sc, zframe_data(f), zframe_size(f), err)) {
                     rejected++;
+                    metrics_add(met, s.m_rejected, NULL, 1);
+                    metrics_add(met, s.m_errors, NULL, 1);
                     log_warn("dropped a malformed continuation (%s)", err);
                 } else {
                     reports_in++;
                 }
             } else if (proto_report_decode(zframe_data(f), zframe_size(f), &r, err)) {
                 rejected++;
+                metrics_add(met, s.m_rejected, NULL, 1);
+                metrics_add(met, s.m_errors, NULL, 1);
                 log_warn("dropped a malformed report (%s)", err);
             } else {
                 reports_in++;
                 sched_report(sc, &r);
                 proto_report_free(&r);
             }
+            metrics_add(met, s.m_received, NULL, 1);
             zframe_destroy(&f);
         }
         sched_tick(sc);
+        busy += util_now() - t0;
         if (util_now() - last_beat > 2.0) {
             last_beat = util_now();
             char v[3][32];
@@ -103,6 +124,12 @@ int main(int argc, char **argv) {
             snprintf(v[2], 32, "%llu", (unsigned long long)rejected);
             const char *f[3] = {"active_jobs", "reports", "rejected"}, *vv[3] = {v[0], v[1], v[2]};
             svc_heartbeat(&s, st, 10, 3, f, vv);
+            metrics_set(met, s.m_queue, NULL, sched_export(sc));
+            svc_busy(&s, busy, util_now() - t_start);
+            uint64_t nreq, nerr;
+            api_counts(api, &nreq, &nerr);
+            metrics_set(met, m_api, NULL, (double)nreq);
+            metrics_set(met, m_api_err, NULL, (double)nerr);
         }
     }
     log_info("stopping: %llu reports, %llu rejected", (unsigned long long)reports_in, (unsigned long long)rejected);
@@ -115,5 +142,6 @@ done:
     zsock_destroy(&work);
     zsock_destroy(&api_sock);
     store_destroy(&st);
+    svc_close(&s);
     return rc;
 }

@@ -20,6 +20,7 @@
 #include "common/engine/lora.h"
 #include "common/net/bus.h"
 #include "common/net/jobdata.h"
+#include "common/net/metrics.h"
 #include "common/rl/rl.h"
 #include "common/util/log.h"
 
@@ -58,7 +59,7 @@ typedef struct {
     uint64_t eval_correct, eval_n;
     uint32_t last_eval_step;
     bool evaluated_final;
-    double best_acc;
+    double best_acc, last_acc;
     bool sync_waiting;     // sync policy: a step's worth issued, waiting for the trainer
     dataset_t *ds;         // an uploaded dataset, parsed once from Redis on first use
 } sjob_t;
@@ -75,6 +76,11 @@ struct sched {
     int n_tasks, cap_tasks;
     uint64_t next_task;
     int next_round;
+    // live counters (sched_set_metrics); handles of the families
+    metrics_t *met;
+    int m_running, m_queued, m_tasks, m_issued, m_expired, m_lost, m_job_step, m_job_in_rollout, m_job_at_trainer,
+        m_job_episodes, m_job_acc, m_job_active;
+    uint64_t issued, expired, lost;
 };
 
 static sjob_t *find(sched_t *s, const char *id) {
@@ -297,6 +303,7 @@ static int issue(sched_t *s, sjob_t *j, proto_kind_t kind, const uint64_t *index
     k->index = xmalloc(sizeof(uint64_t) * n);
     memcpy(k->index, index, sizeof(uint64_t) * n);
     if (kind == PROTO_KIND_TRAIN) j->in_rollout += (int)n;
+    s->issued++;
     rc = 0;
 done:
     for (uint32_t i = 0; i < n; i++) free(items[i].prompt);
@@ -352,6 +359,8 @@ static void eval_done(sched_t *s, sjob_t *j) {
     logj_info(j->id, "eval step=%u accuracy=%.3f [%.3f, %.3f] n=%llu", j->eval_step, acc, lo, hi,
               (unsigned long long)j->eval_n);
     j->eval_round = 0;
+    j->last_acc = acc;
+    metrics_set(s->met, s->m_job_acc, j->id, acc);
     publish(s, j, "eval", acc);
     if (acc > j->best_acc) j->best_acc = acc;
     if (j->spec.target_accuracy > 0 && acc >= j->spec.target_accuracy && j->state == JS_RUNNING) {
@@ -377,6 +386,53 @@ static sjob_t *next_job(sched_t *s) {
         if (!best || j->vtime < best->vtime) best = j;
     }
     return best;
+}
+
+static void export_job(sched_t *s, const sjob_t *j) {
+    if (!s->met) return;
+    metrics_set(s->met, s->m_job_step, j->id, j->step);
+    metrics_set(s->met, s->m_job_in_rollout, j->id, j->in_rollout);
+    metrics_set(s->met, s->m_job_at_trainer, j->id, j->at_trainer);
+    metrics_set(s->met, s->m_job_episodes, j->id, (double)j->episodes);
+    metrics_set(s->met, s->m_job_active, j->id, j->state == JS_QUEUED || j->state == JS_RUNNING);
+}
+
+void sched_set_metrics(sched_t *s, metrics_t *m) {
+    s->met = m;
+    s->m_running = metrics_def(m, "marlaas_scheduler_jobs_running", MET_GAUGE, "Jobs running.");
+    s->m_queued = metrics_def(m, "marlaas_scheduler_jobs_queued", MET_GAUGE, "Jobs waiting to be admitted.");
+    s->m_tasks = metrics_def(m, "marlaas_scheduler_tasks_in_flight", MET_GAUGE, "Rollout tasks holding a lease.");
+    s->m_issued = metrics_def(m, "marlaas_scheduler_tasks_issued_total", MET_COUNTER, "Rollout tasks sent (train and eval).");
+    s->m_expired = metrics_def(m, "marlaas_scheduler_leases_expired_total", MET_COUNTER,
+                               "Tasks whose lease ran out and whose prompts were issued again.");
+    s->m_lost = metrics_def(m, "marlaas_scheduler_groups_lost_total", MET_COUNTER,
+                            "Groups counted lost at the trainer (no step within train_lease_s).");
+    s->m_job_step = metrics_def_job(m, "marlaas_scheduler_job_step", MET_GAUGE, "The job's optimiser step, per job.");
+    s->m_job_in_rollout = metrics_def_job(m, "marlaas_scheduler_job_groups_in_rollout", MET_GAUGE,
+                                      "Groups of the job in rollout tasks holding a lease, per job.");
+    s->m_job_at_trainer = metrics_def_job(m, "marlaas_scheduler_job_groups_at_trainer", MET_GAUGE,
+                                      "Groups of the job verified and waiting at the trainer, per job.");
+    s->m_job_episodes = metrics_def_job(m, "marlaas_scheduler_job_episodes_total", MET_COUNTER,
+                                    "Training episodes verified, per job.");
+    s->m_job_acc = metrics_def_job(m, "marlaas_scheduler_job_eval_accuracy", MET_GAUGE,
+                               "Greedy accuracy of the job's last eval, per job.");
+    s->m_job_active = metrics_def_job(m, "marlaas_scheduler_job_active", MET_GAUGE, "1 while the job is queued or running.");
+}
+
+int sched_export(sched_t *s) {
+    int running = 0, queued = 0;
+    for (int i = 0; i < s->n_jobs; i++) {
+        running += s->jobs[i]->state == JS_RUNNING;
+        queued += s->jobs[i]->state == JS_QUEUED;
+        export_job(s, s->jobs[i]);
+    }
+    metrics_set(s->met, s->m_running, NULL, running);
+    metrics_set(s->met, s->m_queued, NULL, queued);
+    metrics_set(s->met, s->m_tasks, NULL, s->n_tasks);
+    metrics_set(s->met, s->m_issued, NULL, (double)s->issued);
+    metrics_set(s->met, s->m_expired, NULL, (double)s->expired);
+    metrics_set(s->met, s->m_lost, NULL, (double)s->lost);
+    return queued;
 }
 
 void sched_tick(sched_t *s) {
@@ -408,6 +464,7 @@ void sched_tick(sched_t *s) {
         }
         logj_warn(j->id, "task %llu: no result within %.0f s; issuing its %u prompts again", (unsigned long long)k->id,
                   s->cfg.lease_s, k->n);
+        s->expired++;
         uint64_t *idx = k->index;
         uint32_t n = k->n;
         proto_kind_t kind = k->kind;
@@ -433,6 +490,7 @@ void sched_tick(sched_t *s) {
         if (j->state == JS_RUNNING && j->at_trainer >= j->spec.prompts && now - j->last_step_time > s->cfg.train_lease_s) {
             logj_warn(j->id, "%d groups at the trainer with no step for %.0f s; counting them as lost", j->at_trainer,
                       s->cfg.train_lease_s);
+            s->lost += (uint64_t)j->at_trainer;
             j->at_trainer = 0;
             j->sync_waiting = false;
             j->last_step_time = now;
@@ -479,6 +537,7 @@ void sched_tick(sched_t *s) {
             continue;
         }
         drop_tasks(s, j->id);
+        export_job(s, j);
         dataset_destroy(&j->ds);
         free(j);
         // keep the order of submission: the sync policy admits queued jobs first come, first served

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 
 #include "common/formats/hfconfig.h"
+#include "common/net/metrics.h"
 #include "common/net/proto.h"
 #include "common/net/store.h"
 #include "common/rl/jobspec.h"
@@ -43,5 +44,10 @@ int sched_active(const sched_t *s);
 // Publishes job progress on this PUB socket (topic "job", a JSON object per event: job, tenant
 // is not included; status, step, version, eval results).
 void sched_set_events(sched_t *s, zsock_t *pub);
+
+// Live counters: declares the scheduler's families in m (global and per job); sched_export
+// brings them up to date (call about once a second) and returns the number of queued jobs.
+void sched_set_metrics(sched_t *s, metrics_t *m);
+int sched_export(sched_t *s);
 
 #endif

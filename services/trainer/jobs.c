@@ -107,6 +107,12 @@ int tjobs_count(const tjobs_t *t) {
 
 double tjobs_busy_seconds(const tjobs_t *t) { return t->busy; }
 
+int tjobs_buffered(const tjobs_t *t) {
+    int n = 0;
+    for (int i = 0; i < t->cfg.max_jobs; i++) n += t->jobs[i] ? t->jobs[i]->n_buf : 0;
+    return n;
+}
+
 static tjob_t *find(tjobs_t *t, const char *id) {
     for (int i = 0; i < t->cfg.max_jobs; i++)
         if (t->jobs[i] && !strcmp(t->jobs[i]->id, id)) return t->jobs[i];

@@ -27,15 +27,37 @@ int main(int argc, char **argv) {
         log_error("--set shared_prefix must be 0 or 1, got '%s'", shared_prefix);
         return 2;
     }
+    if (svc_serve(&s, err)) {
+        log_error("%s", err);
+        svc_close(&s);
+        return 1;
+    }
+    metrics_t *met = s.met;
+    const int m_steps = metrics_def(met, "marlaas_trainer_steps_total", MET_COUNTER, "Optimiser steps applied (all jobs)."),
+              m_sps = metrics_def(met, "marlaas_trainer_steps_per_second", MET_GAUGE,
+                                  "Optimiser steps per second over the last 10 seconds (all jobs)."),
+              m_jobs = metrics_def(met, "marlaas_trainer_jobs", MET_GAUGE, "Jobs held (adapter slots in use)."),
+              m_groups = metrics_def(met, "marlaas_trainer_groups_consumed_total", MET_COUNTER, "Scored groups trained on."),
+              m_dropped = metrics_def(met, "marlaas_trainer_groups_dropped_total", MET_COUNTER,
+                                      "Scored groups dropped as too stale."),
+              m_job_step = metrics_def_job(met, "marlaas_trainer_job_step", MET_GAUGE, "The job's last step, per job."),
+              m_job_version = metrics_def_job(met, "marlaas_trainer_job_adapter_version", MET_GAUGE,
+                                          "The job's last published adapter version, per job."),
+              m_job_groups = metrics_def_job(met, "marlaas_trainer_job_groups_total", MET_COUNTER, "Groups trained on, per job."),
+              m_job_failed = metrics_def_job(met, "marlaas_trainer_job_failures_total", MET_COUNTER,
+                                         "Steps that failed the job, per job.");
+    met_window_t step_win = {0};
     store_t *st = svc_store(&s, err);
     if (!st) {
         log_error("%s", err);
+        svc_close(&s);
         return 1;
     }
     model_t *m = model_load(svc_get(&s, SVC_MODEL), kernels_cpu(), err);
     if (!m) {
         log_error("cannot load the base model: %s (set --model or MARLAAS_MODEL)", err);
         store_destroy(&st);
+        svc_close(&s);
         return 1;
     }
     int max_jobs = atoi(svc_extra(&s, "max_jobs", "64"));
@@ -58,12 +80,14 @@ int main(int argc, char **argv) {
     }
     log_info("ready: %zu-parameter base model, up to %d jobs, shared prompt prefixes %s, id %s", m->n_params,
              cfg.max_jobs, cfg.shared_prefix ? "on" : "off", s.id);
+    svc_ready(&s, true, NULL);
     zpoller_t *poller = zpoller_new(in, NULL);
     double t_start = util_now(), last_beat = 0;
     uint64_t received = 0, rejected = 0, steps = 0;
     tjobs_result_t res[64];
     while (!svc_stopping()) {
         void *which = zpoller_wait(poller, 50);
+        svc_tick(&s);
         if (which == in) {
             // drain what is queued before stepping: a step then sees every ready job
             for (int i = 0; i < 256; i++) {
@@ -71,12 +95,17 @@ int main(int argc, char **argv) {
                 if (!f) break;
                 proto_batch_t b;
                 received++;
+                metrics_add(met, s.m_received, NULL, 1);
                 if (proto_batch_decode("scored", zframe_data(f), zframe_size(f), &b, err)) {
                     rejected++;
+                    metrics_add(met, s.m_rejected, NULL, 1);
+                    metrics_add(met, s.m_errors, NULL, 1);
                     log_warn("dropped a malformed message (%s)", err);
                 } else if (tjobs_add(jobs, &b, err) < 0) {
                     // the scheduler's lease on these groups runs out and it issues them again
                     rejected++;
+                    metrics_add(met, s.m_rejected, NULL, 1);
+                    metrics_add(met, s.m_errors, NULL, 1);
                     logj_warn(b.job, "batch not used: %s", err);
                     proto_batch_free(&b);
                 }
@@ -92,6 +121,17 @@ int main(int argc, char **argv) {
                                 .error = res[i].failed ? res[i].error : NULL};
             if (!proto_report_encode(&r, &buf) && bus_send(rep, &buf)) log_warn("report to the scheduler not sent (queue full)");
             proto_buf_free(&buf);
+            metrics_add(met, m_dropped, NULL, res[i].dropped);
+            if (res[i].failed) {
+                metrics_add(met, m_job_failed, res[i].job, 1);
+                metrics_add(met, s.m_errors, NULL, 1);
+            } else {
+                metrics_add(met, m_steps, NULL, 1);
+                metrics_add(met, m_groups, NULL, res[i].consumed);
+                metrics_set(met, m_job_step, res[i].job, res[i].step);
+                metrics_set(met, m_job_version, res[i].job, res[i].version);
+                metrics_add(met, m_job_groups, res[i].job, res[i].consumed);
+            }
             if (!res[i].failed) {
                 proto_adapter_event_t ev = {.job = res[i].job, .version = res[i].version, .step = res[i].step};
                 if (!proto_adapter_event_encode(&ev, &buf)) {
@@ -114,6 +154,10 @@ int main(int argc, char **argv) {
             const char *f[6] = {"busy_fraction", "busy_s", "steps", "rejected", "jobs", "up_s"};
             const char *vv[6] = {v[0], v[1], v[2], v[3], v[4], v[5]};
             svc_heartbeat(&s, st, 10, 6, f, vv);
+            svc_busy(&s, tjobs_busy_seconds(jobs), up);
+            metrics_set(met, s.m_queue, NULL, tjobs_buffered(jobs));
+            metrics_set(met, m_jobs, NULL, tjobs_count(jobs));
+            metrics_set(met, m_sps, NULL, met_window_rate(&step_win, up, (double)steps, 10.0));
         }
     }
     log_info("stopping: %llu messages received, %llu rejected, %llu steps", (unsigned long long)received,
@@ -128,5 +172,6 @@ done:
     lora_pool_destroy(&pool);
     model_destroy(&m);
     store_destroy(&st);
+    svc_close(&s);
     return rc;
 }

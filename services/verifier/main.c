@@ -18,9 +18,27 @@ int main(int argc, char **argv) {
     int rc = svc_init(&s, "verifier", argc, argv, HELP);
     if (rc) return rc > 0 ? 0 : 2;
     char err[ERR_LEN], ep[256];
+    if (svc_serve(&s, err)) {
+        log_error("%s", err);
+        svc_close(&s);
+        return 1;
+    }
+    metrics_t *met = s.met;
+    const int m_batches = metrics_def(met, "marlaas_verifier_batches_total", MET_COUNTER, "Batches fully scored."),
+              m_samples = metrics_def(met, "marlaas_verifier_samples_total", MET_COUNTER, "Samples scored."),
+              m_cont = metrics_def(met, "marlaas_verifier_continuations_total", MET_COUNTER,
+                                   "Batches sent back for another turn of their episodes."),
+              m_job_samples = metrics_def_job(met, "marlaas_verifier_job_samples_total", MET_COUNTER, "Samples scored, per job."),
+              m_job_correct = metrics_def_job(met, "marlaas_verifier_job_correct_total", MET_COUNTER,
+                                          "Samples with reward >= 0.5, per job."),
+              m_job_reward = metrics_def_job(met, "marlaas_verifier_job_reward_sum_total", MET_COUNTER,
+                                         "Sum of rewards, per job (mean reward = rate of this / rate of samples)."),
+              m_job_errors = metrics_def_job(met, "marlaas_verifier_job_errors_total", MET_COUNTER,
+                                         "Samples whose scoring failed (reward service error or timeout), per job.");
     store_t *st = svc_store(&s, err);
     if (!st) {
         log_error("%s", err);
+        svc_close(&s);
         return 1;
     }
     scorer_t *sc = scorer_new(st, err);
@@ -34,6 +52,7 @@ int main(int argc, char **argv) {
         goto done;
     }
     log_info("ready: listening on %s, id %s", ep, s.id);
+    svc_ready(&s, true, NULL);
     uint64_t received = 0, rejected = 0, scored = 0;
     double last_beat = 0, t_start = util_now();
     while (!svc_stopping()) {
@@ -45,13 +64,17 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_rs && n_items < 33; i++)
             items[n_items++] = (zmq_pollitem_t){.socket = zsock_resolve(rs[i]), .events = ZMQ_POLLIN};
         zmq_poll(items, n_items, scorer_pending(sc) ? 10 : 50);
+        svc_tick(&s);
         for (int i = 0; i < 256; i++) {
             zframe_t *f = zframe_recv_nowait(in);
             if (!f) break;
             received++;
+            metrics_add(met, s.m_received, NULL, 1);
             proto_batch_t b;
             if (proto_batch_decode("done", zframe_data(f), zframe_size(f), &b, err)) {
                 rejected++;
+                metrics_add(met, s.m_rejected, NULL, 1);
+                metrics_add(met, s.m_errors, NULL, 1);
                 log_warn("dropped a malformed message (%s)", err);
             } else {
                 scorer_add(sc, &b);
@@ -67,9 +90,13 @@ int main(int argc, char **argv) {
                 // episodes awaiting their next turn: back to the rollouts through the scheduler,
                 // which holds the task's lease
                 proto_buf_t buf = {0};
-                if (proto_batch_encode("cont", b, &buf) == 0 && bus_send(rep, &buf))
+                if (proto_batch_encode("cont", b, &buf) == 0 && bus_send(rep, &buf)) {
                     logj_warn(b->job, "task %llu: scheduler unreachable or queue full; episodes dropped (re-issued "
                               "when the lease ends)", (unsigned long long)b->task_id);
+                    metrics_add(met, s.m_errors, NULL, 1);
+                } else {
+                    metrics_add(met, m_cont, NULL, 1);
+                }
                 proto_buf_free(&buf);
                 proto_batch_free(b);
                 free(b);
@@ -90,10 +117,19 @@ int main(int argc, char **argv) {
                 proto_report_t f = {.kind = PROTO_REP_JOB_FAILED, .job = b->job, .source = s.id, .error = why};
                 if (!proto_report_encode(&f, &buf)) bus_send(rep, &buf);
                 proto_buf_free(&buf);
+                metrics_add(met, s.m_errors, NULL, 1);
             } else {
-                if (b->kind == PROTO_KIND_TRAIN && proto_batch_encode("scored", b, &buf) == 0 && bus_send(train, &buf))
+                if (b->kind == PROTO_KIND_TRAIN && proto_batch_encode("scored", b, &buf) == 0 && bus_send(train, &buf)) {
                     logj_warn(b->job, "task %llu: trainer unreachable or queue full; dropped (re-issued by the scheduler)",
                               (unsigned long long)b->task_id);
+                    metrics_add(met, s.m_errors, NULL, 1);
+                }
+                metrics_add(met, m_batches, NULL, 1);
+                metrics_add(met, m_samples, NULL, r.n);
+                metrics_add(met, m_job_samples, b->job, r.n);
+                metrics_add(met, m_job_correct, b->job, r.correct);
+                metrics_add(met, m_job_reward, b->job, r.reward_sum);
+                if (r.errors) metrics_add(met, m_job_errors, b->job, r.errors);
                 proto_buf_free(&buf);
                 if (!proto_report_encode(&r, &buf)) bus_send(rep, &buf);
                 proto_buf_free(&buf);
@@ -112,6 +148,8 @@ int main(int argc, char **argv) {
             snprintf(v[3], 32, "%d", scorer_pending(sc));
             const char *f[4] = {"busy_fraction", "batches", "rejected", "pending"}, *vv[4] = {v[0], v[1], v[2], v[3]};
             svc_heartbeat(&s, st, 10, 4, f, vv);
+            svc_busy(&s, scorer_busy_seconds(sc), up);
+            metrics_set(met, s.m_queue, NULL, scorer_pending(sc));
         }
     }
     log_info("stopping: %llu batches received, %llu scored, %llu rejected", (unsigned long long)received,
@@ -122,5 +160,6 @@ done:
     zsock_destroy(&in);
     scorer_destroy(&sc);
     store_destroy(&st);
+    svc_close(&s);
     return rc;
 }

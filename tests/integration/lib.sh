@@ -7,6 +7,8 @@
 #   wait_jobs TOKEN TIMEOUT_S          waits until no job of the tenant is queued/running
 #   job_field TOKEN JOB FIELD          prints a field of `marlaas status JOB`
 #   svc_pid NAME                       pid of a service of the cluster
+#   svc_http NAME                      HOST:PORT of a service's /healthz /readyz /metrics
+#   metric HOSTPORT NAME [JOB]         a value from GET /metrics (empty when absent)
 #   free_low_port                      a free loopback port for an example service
 #   cluster_down                       stops everything (also registered as an EXIT trap)
 BIN=${MARLAAS_BIN:-build/bin}
@@ -21,7 +23,7 @@ free_port_base() {
     [ "$span" -ge 1 ] || span=1
     for _ in $(seq 1 50); do
         base=$(( 10000 + (RANDOM % span) * 100 ))
-        if ! (ss -ltn 2>/dev/null | awk '{print $4}' | grep -qE ":(${base}|$((base + 1))|$((base + 2))|$((base + 3))|$((base + 10))|$((base + 20))|$((base + 21)))\$"); then
+        if ! (ss -ltn 2>/dev/null | awk '{print $4}' | grep -qE ":(${base}|$((base + 1))|$((base + 2))|$((base + 3))|$((base + 10))|$((base + 20))|$((base + 21))|$((base + 30))|$((base + 31))|$((base + 32))|$((base + 33)))\$"); then
             echo "$base"
             return
         fi
@@ -96,6 +98,19 @@ svc_pid() {
     awk -v n="$1" '$1==n{print $2}' "$RUN/pids"
 }
 
+svc_http() {
+    awk -v n="$1" '$1==n{print $2}' "$RUN/http" | tail -n 1
+}
+
+metric() {
+    local addr=$1 name=$2 job=${3:-}
+    if [ -n "$job" ]; then
+        curl -sf --max-time 5 "http://$addr/metrics" | awk -v n="$name{job_id=\"$job\"}" '$1==n{print $2}'
+    else
+        curl -sf --max-time 5 "http://$addr/metrics" | awk -v n="$name" '$1==n{print $2}'
+    fi
+}
+
 # --- restarting services of a running cluster --------------------------------------------------
 #   svc_alive PID                      true while any thread of PID runs (zombies count as gone)
 #   svc_stop NAME [SIGNAL]             signals a service (default TERM) and waits until it is gone
@@ -135,21 +150,24 @@ svc_stop() {
 }
 
 svc_start() {
-    local name=$1 n=2 log pid
+    local name=$1 n=2 log pid http_port
     shift
     while [ -e "$RUN/logs/$name$n.log" ]; do n=$((n + 1)); done
     log="$RUN/logs/$name$n.log"
     SVC_LOG=$log
+    # its own HTTP port (another instance of the service may hold the one `marlaas up` gave)
+    http_port=$(free_low_port)
     # MARLAAS_POLICY is not in $RUN/env: a caller that started the cluster with --policy sync
     # exports it before restarting the scheduler
     (
         set -a
         . "$RUN/env"
         set +a
-        export MARLAAS_THREADS=1 MARLAAS_POLICY="${MARLAAS_POLICY:-async}"
+        export MARLAAS_THREADS=1 MARLAAS_POLICY="${MARLAAS_POLICY:-async}" MARLAAS_HTTP="127.0.0.1:$http_port"
         exec "$BIN/marlaas-$name" "$@"
     ) > "$log" 2>&1 < /dev/null &
     pid=$!
+    echo "$name 127.0.0.1:$http_port" >> "$RUN/http"
     # like the services `marlaas up` starts: no job notice from this shell when it is killed
     disown "$pid"
     if grep -q "^$name " "$RUN/pids"; then
@@ -193,7 +211,7 @@ low_port_base() {
     fi
     for _ in $(seq 1 50); do
         base=$(( 10000 + (RANDOM % ((lo - 10100) / 100)) * 100 ))
-        if ! (ss -ltn 2>/dev/null | awk '{print $4}' | grep -qE ":(${base}|$((base + 1))|$((base + 2))|$((base + 3))|$((base + 10))|$((base + 20))|$((base + 21)))\$"); then
+        if ! (ss -ltn 2>/dev/null | awk '{print $4}' | grep -qE ":(${base}|$((base + 1))|$((base + 2))|$((base + 3))|$((base + 10))|$((base + 20))|$((base + 21))|$((base + 30))|$((base + 31))|$((base + 32))|$((base + 33)))\$"); then
             echo "$base"
             return
         fi

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Every service serves GET /healthz, /readyz and /metrics (Prometheus text) on its own HTTP port.
+# A real cluster trains a job on models/micro while this test scrapes each service with curl:
+# the counters are live (they grow between two scrapes during the run: tokens, samples, steps,
+# the job's step), the per-job series carry the job id, and after the run they agree with the
+# job (trainer and scheduler at the final step, every training sample scored). Then readiness
+# follows Redis (paused with SIGSTOP: /readyz 503 naming Redis, /healthz still 200; resumed:
+# ready again), unknown paths get 404 and other methods 405, and a service whose HTTP port is
+# taken or malformed exits with a message saying what to set.
+set -euo pipefail
+source tests/integration/lib.sh
+fail=0
+check() {   # check DESCRIPTION COMMAND...
+    local what=$1
+    shift
+    if "$@"; then :; else echo "FAILED: $what"; fail=1; fi
+}
+gt() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN {exit !(a + 0 > b + 0)}'; }
+ge() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN {exit !(a + 0 >= b + 0)}'; }
+code() { curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$@"; }
+
+cluster_up --model models/micro
+SCH=$(svc_http scheduler) ROL=$(svc_http rollout) VER=$(svc_http verifier) TRA=$(svc_http trainer)
+
+# readiness comes within a few seconds of "up" (first heartbeat, first verifier resolution)
+for svc in scheduler rollout verifier trainer; do
+    addr=$(svc_http $svc)
+    for _ in $(seq 1 50); do [ "$(code "http://$addr/readyz")" = 200 ] && break; sleep 0.2; done
+    check "$svc /healthz 200" [ "$(code "http://$addr/healthz")" = 200 ]
+    check "$svc /readyz 200" [ "$(code "http://$addr/readyz")" = 200 ]
+    check "$svc /metrics names the service" \
+        sh -c "curl -sf --max-time 5 http://$addr/metrics | grep -q '^marlaas_info{service=\"$svc\",id=\"'"
+    check "$svc /nope 404" [ "$(code "http://$addr/nope")" = 404 ]
+    check "$svc POST 405" [ "$(code -X POST -d x "http://$addr/metrics")" = 405 ]
+done
+# Prometheus text format: every sample line belongs to a family announced by # TYPE
+check "metrics are well-formed" sh -c "curl -sf http://$TRA/metrics | awk '
+    /^# TYPE /{t[\$3]=1; next} /^#/{next}
+    {n=\$1; sub(/\\{.*/, \"\", n); if (!(n in t) || NF != 2) bad=1}
+    END{exit bad}'"
+
+T=$(mk_tenant metrics)
+STEPS=800
+job=$(submit "$T" --task vowels --steps $STEPS --prompts 16 --group 8 --eval-every 0 --eval-n 64)
+# two scrapes during the run, 3 s apart, once training has started
+for _ in $(seq 1 100); do
+    gt "$(metric "$TRA" marlaas_trainer_job_step "$job")" 2 && gt "$(metric "$SCH" marlaas_scheduler_job_step "$job")" 0 && break
+    sleep 0.2
+done
+r1=$(metric "$ROL" marlaas_rollout_tokens_total); v1=$(metric "$VER" marlaas_verifier_samples_total)
+t1=$(metric "$TRA" marlaas_trainer_steps_total); s1=$(metric "$SCH" marlaas_scheduler_job_step "$job")
+rj1=$(metric "$ROL" marlaas_rollout_job_tokens_total "$job"); vj1=$(metric "$VER" marlaas_verifier_job_samples_total "$job")
+sleep 3
+r2=$(metric "$ROL" marlaas_rollout_tokens_total); v2=$(metric "$VER" marlaas_verifier_samples_total)
+t2=$(metric "$TRA" marlaas_trainer_steps_total); s2=$(metric "$SCH" marlaas_scheduler_job_step "$job")
+rj2=$(metric "$ROL" marlaas_rollout_job_tokens_total "$job"); vj2=$(metric "$VER" marlaas_verifier_job_samples_total "$job")
+echo "during the run (3 s apart): rollout tokens $r1 -> $r2, job tokens $rj1 -> $rj2; verifier samples $v1 -> $v2," \
+     "job $vj1 -> $vj2; trainer steps $t1 -> $t2; scheduler job step $s1 -> $s2"
+check "rollout tokens grow" gt "$r2" "$r1"
+check "rollout job tokens grow" gt "$rj2" "$rj1"
+check "verifier samples grow" gt "$v2" "$v1"
+check "verifier job samples grow" gt "$vj2" "$vj1"
+check "trainer steps grow" gt "$t2" "$t1"
+check "scheduler job step grows" gt "$s2" "$s1"
+tps=$(metric "$ROL" marlaas_rollout_tokens_per_second); busy=$(metric "$TRA" marlaas_busy_fraction)
+echo "rollout tokens/s $tps, trainer busy fraction $busy"
+check "rollout tokens/s > 0" gt "$tps" 0
+check "trainer busy fraction in (0, 1.05]" sh -c "awk -v b='$busy' 'BEGIN {exit !(b > 0 && b <= 1.05)}'"
+check "rollout sees a verifier" [ "$(metric "$ROL" marlaas_rollout_verifiers)" = 1 ]
+
+wait_jobs "$T" 300
+sleep 2.5   # one more heartbeat of every service
+st=$(metric "$TRA" marlaas_trainer_job_step "$job"); ss=$(metric "$SCH" marlaas_scheduler_job_step "$job")
+vs=$(metric "$VER" marlaas_verifier_job_samples_total "$job"); active=$(metric "$SCH" marlaas_scheduler_job_active "$job")
+echo "after the run: trainer job step $st, scheduler job step $ss (active $active), verifier job samples $vs"
+check "job done" [ "$(job_field "$T" "$job" status)" = done ]
+check "trainer at the final step" [ "$st" = $STEPS ]
+check "scheduler at the final step" [ "$ss" = $STEPS ]
+check "scheduler job no longer active" [ "$active" = 0 ]
+check "every training sample scored" ge "$vs" $((STEPS * 16 * 8))
+check "no errors in the trainer" [ "$(metric "$TRA" marlaas_errors_total)" = 0 ]
+check "API requests counted" gt "$(metric "$SCH" marlaas_api_requests_total)" 2
+
+# readiness follows Redis; liveness does not
+redis_pid=$(svc_pid redis)
+kill -STOP "$redis_pid"
+for _ in $(seq 1 60); do [ "$(code "http://$TRA/readyz")" = 503 ] && break; sleep 0.25; done
+body=$(curl -s --max-time 5 "http://$TRA/readyz" || true)
+echo "Redis paused: trainer /readyz: $body"
+check "not ready without Redis" [ "$(code "http://$TRA/readyz")" = 503 ]
+check "/readyz names Redis" sh -c "echo '$body' | grep -q Redis"
+check "still alive without Redis" [ "$(code "http://$TRA/healthz")" = 200 ]
+kill -CONT "$redis_pid"
+for _ in $(seq 1 60); do [ "$(code "http://$TRA/readyz")" = 200 ] && break; sleep 0.25; done
+check "ready again with Redis" [ "$(code "http://$TRA/readyz")" = 200 ]
+check "redis_up back to 1" [ "$(metric "$TRA" marlaas_redis_up)" = 1 ]
+
+# a taken or malformed HTTP port: the service exits at once and says what to set
+set +e
+out=$(set -a; . "$RUN/env"; set +a; MARLAAS_HTTP="$SCH" timeout 20 "$BIN/marlaas-verifier" --verifiers tcp://127.0.0.1:1 2>&1)
+rc=$?
+out2=$(set -a; . "$RUN/env"; set +a; MARLAAS_HTTP=99999 timeout 20 "$BIN/marlaas-verifier" 2>&1)
+rc2=$?
+set -e
+echo "port taken: rc $rc: $(echo "$out" | grep -m1 -o 'cannot serve HTTP.*')"
+check "port taken: exit 1" [ $rc = 1 ]
+check "port taken: message" sh -c "echo '$out' | grep -q 'set --http / MARLAAS_HTTP to a free port'"
+check "bad setting: exit 1" [ $rc2 = 1 ]
+check "bad setting: message" sh -c "echo '$out2' | grep -q 'give PORT, HOST:PORT, or 0'"
+
+[ $fail = 0 ] && echo "4 services: /healthz /readyz /metrics live (rollout tokens $r1 -> $r2 in 3 s, trainer steps $t1 -> $t2), readiness follows Redis, bad ports refused"
+exit $fail
