@@ -16,9 +16,19 @@ const char *bus_endpoint(const char *flag, const char *env, const char *def) {
     return (e && *e) ? e : def;
 }
 
+void bus_tune(zsock_t *s) {
+    // ZMTP heartbeats: a peer whose host vanished (link cut, node lost) is found within
+    // BUS_HEARTBEAT_TIMEOUT_MS instead of the kernel's TCP timeouts (minutes), so PUSH sockets stop
+    // routing messages into a dead connection and connecting sockets start reconnecting
+    zsock_set_heartbeat_ivl(s, BUS_HEARTBEAT_IVL_MS);
+    zsock_set_heartbeat_timeout(s, BUS_HEARTBEAT_TIMEOUT_MS);
+    zsock_set_heartbeat_ttl(s, BUS_HEARTBEAT_TIMEOUT_MS);
+}
+
 static zsock_t *make(int type, int hwm, size_t max_frame) {
     zsock_t *s = zsock_new(type);
     if (!s) return NULL;
+    bus_tune(s);
     zsock_set_sndhwm(s, hwm);
     zsock_set_rcvhwm(s, hwm);
     zsock_set_linger(s, 0);

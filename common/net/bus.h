@@ -15,9 +15,15 @@
 
 #define BUS_DEFAULT_HWM 1000
 #define BUS_MAX_ENDPOINTS 64
+#define BUS_HEARTBEAT_IVL_MS 1000
+#define BUS_HEARTBEAT_TIMEOUT_MS 5000
 
 // flag if set, else getenv(env) if set and non-empty, else def.
 const char *bus_endpoint(const char *flag, const char *env, const char *def);
+
+// Settings every socket of ours gets (bus_bind and bus_connect apply them): ZMTP heartbeats
+// every BUS_HEARTBEAT_IVL_MS, a connection silent for BUS_HEARTBEAT_TIMEOUT_MS is closed.
+void bus_tune(zsock_t *s);
 
 // A socket of `type` (ZMQ_PUSH, ZMQ_PULL, ...) bound to endpoint, with send/receive high-water
 // marks `hwm` and incoming frames capped at max_frame bytes (larger frames drop the peer's

@@ -67,8 +67,12 @@ int main(int argc, char **argv) {
         rc = 1;
         goto done;
     }
+    bus_tune(out);
     zsock_set_sndhwm(out, BUS_DEFAULT_HWM);
     zsock_set_linger(out, 0);
+    // messages go only to verifiers with a live connection: without this a verifier that is
+    // down keeps its round-robin share queued (and lost) until it comes back
+    zsock_set_immediate(out, 1);
     zsock_set_subscribe(events, "adapter");
     bus_peers_t peers = {0};
     char eps[BUS_MAX_ENDPOINTS][256];

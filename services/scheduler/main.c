@@ -53,7 +53,10 @@ int main(int argc, char **argv) {
     zsock_t *api_sock = NULL, *work = NULL, *events = NULL, *reports = NULL;
     sched_t *sc = NULL;
     api_t *api = NULL;
-    api_sock = bus_bind(ZMQ_ROUTER, svc_get(&s, SVC_API), BUS_DEFAULT_HWM, 64u << 20, err);
+    // like every endpoint a service owns, the API binds its port on all interfaces, so one setting
+    // (tcp://scheduler:7000) serves the scheduler and its clients alike
+    svc_bind_endpoint(&s, SVC_API, ep, sizeof ep);
+    api_sock = bus_bind(ZMQ_ROUTER, ep, BUS_DEFAULT_HWM, 64u << 20, err);
     svc_bind_endpoint(&s, SVC_WORK, ep, sizeof ep);
     if (api_sock) work = bus_bind(ZMQ_PUSH, ep, 8, 0, err);
     svc_bind_endpoint(&s, SVC_EVENTS, ep, sizeof ep);

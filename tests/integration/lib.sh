@@ -61,7 +61,10 @@ cluster_up() {
 cluster_down() {
     if [ -n "${RUN:-}" ] && [ -d "$RUN" ]; then
         "$M" down --run-dir "$RUN" >/dev/null 2>&1 || true
-        if [ -n "${KEEP_LOGS:-}" ]; then cp -r "$RUN/logs" "$KEEP_LOGS" 2>/dev/null || true; fi
+        # KEEP_LOGS=DIR: each cluster's logs are kept in DIR/<run dir name>/
+        if [ -n "${KEEP_LOGS:-}" ]; then
+            mkdir -p "$KEEP_LOGS" && cp -r "$RUN/logs" "$KEEP_LOGS/$(basename "$RUN")" 2>/dev/null || true
+        fi
         rm -rf "$RUN"
     fi
 }
