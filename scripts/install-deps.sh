@@ -8,6 +8,14 @@ PKGS=(build-essential pkg-config
       libzmq3-dev libczmq-dev libmsgpack-dev libhiredis-dev libsodium-dev libmicrohttpd-dev redis-server valgrind iproute2
       curl gnuplot-nox)   # curl: the tests read /metrics; gnuplot: the benchmark report's plots
 
+# The deployment checks (tests/integration/test_deploy.sh): docker-compose validates the compose
+# files, kubectl renders the kustomize overlays, Node.js runs the schema checker. A kubectl or
+# npm that is already installed (from any source) is used as is.
+PKGS+=(docker-compose)
+command -v kubectl >/dev/null 2>&1 || PKGS+=(kubernetes-client)
+command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
+command -v npm >/dev/null 2>&1 || PKGS+=(npm)
+
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

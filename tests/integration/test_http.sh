@@ -33,6 +33,10 @@ for svc in scheduler rollout verifier trainer; do
     check "$svc /nope 404" [ "$(code "http://$addr/nope")" = 404 ]
     check "$svc POST 405" [ "$(code -X POST -d x "http://$addr/metrics")" = 405 ]
 done
+# the container image's health check (bash only, no curl): ok on a ready service, not on a closed port
+check "image probe: ready scheduler" bash deploy/docker/entrypoint.sh probe "${SCH##*:}" /readyz
+check "image probe: closed port fails" sh -c "! bash deploy/docker/entrypoint.sh probe $(free_low_port) 2>/dev/null"
+check "image probe: 404 path fails" sh -c "! bash deploy/docker/entrypoint.sh probe ${SCH##*:} /nope 2>/dev/null"
 # Prometheus text format: every sample line belongs to a family announced by # TYPE
 check "metrics are well-formed" sh -c "curl -sf http://$TRA/metrics | awk '
     /^# TYPE /{t[\$3]=1; next} /^#/{next}
