@@ -24,8 +24,15 @@ int main(int argc, char **argv) {
         log_error("--policy must be async or sync, got '%s'", pol);
         return 2;
     }
-    if (!svc_get(&s, SVC_ADMIN_TOKEN) || strlen(svc_get(&s, SVC_ADMIN_TOKEN)) < 8)
+    const char *admin = svc_get(&s, SVC_ADMIN_TOKEN);
+    if (admin && !strcmp(admin, "replace-with-a-random-token")) {
+        // the placeholder of the Kubernetes base (deploy/k8s/base/config.yaml) is public
+        log_error("the admin token is the placeholder of deploy/k8s/base/config.yaml: replace the secret "
+                  "marlaas-admin with a random token; tenants cannot be created until then");
+        admin = NULL;
+    } else if (!admin || strlen(admin) < 8) {
         log_warn("no admin token of 8+ characters (--admin-token / MARLAAS_ADMIN_TOKEN): tenants cannot be created");
+    }
     char err[ERR_LEN], ep[256], path[4096];
     if (svc_serve(&s, err)) {
         log_error("%s", err);
@@ -72,7 +79,7 @@ int main(int argc, char **argv) {
     if (reports) sc = sched_new(st, work, &mc, &cfg, err);
     if (sc) sched_set_events(sc, events);
     if (sc) sched_set_metrics(sc, met);
-    if (sc) api = api_new(st, sc, svc_get(&s, SVC_ADMIN_TOKEN), svc_get(&s, SVC_MODEL), err);
+    if (sc) api = api_new(st, sc, admin, svc_get(&s, SVC_MODEL), err);
     if (!api) {
         log_error("%s", err);
         rc = 1;

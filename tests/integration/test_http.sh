@@ -112,5 +112,23 @@ check "port taken: message" sh -c "echo '$out' | grep -q 'set --http / MARLAAS_H
 check "bad setting: exit 1" [ $rc2 = 1 ]
 check "bad setting: message" sh -c "echo '$out2' | grep -q 'give PORT, HOST:PORT, or 0'"
 
+# the Kubernetes base's placeholder admin token is refused: no tenant can be created with it
+P=()
+for _ in 1 2 3 4 5; do P+=("$(free_low_port)"); done
+PH=replace-with-a-random-token
+(set -a; . "$RUN/env"; set +a; export MARLAAS_ADMIN_TOKEN=$PH MARLAAS_API="tcp://127.0.0.1:${P[0]}" \
+    MARLAAS_WORK="tcp://127.0.0.1:${P[1]}" MARLAAS_EVENTS="tcp://127.0.0.1:${P[2]}" MARLAAS_REPORTS="tcp://127.0.0.1:${P[3]}" \
+    MARLAAS_HTTP="127.0.0.1:${P[4]}"; exec "$BIN/marlaas-scheduler") > "$RUN/ph.log" 2>&1 &
+ph_pid=$!
+for _ in $(seq 1 50); do grep -q " ready: " "$RUN/ph.log" && break; sleep 0.1; done
+set +e
+ph_out=$(MARLAAS_API="tcp://127.0.0.1:${P[0]}" MARLAAS_ADMIN_TOKEN=$PH "$M" tenant create mallory 2>&1)
+ph_rc=$?
+set -e
+kill "$ph_pid" 2>/dev/null; wait "$ph_pid" 2>/dev/null || true
+echo "placeholder admin token: scheduler log: $(grep -m1 -o 'the admin token is the placeholder[^:]*' "$RUN/ph.log"); tenant create: rc $ph_rc"
+check "placeholder token logged" grep -q "admin token is the placeholder" "$RUN/ph.log"
+check "placeholder token creates no tenant" [ $ph_rc != 0 ]
+
 [ $fail = 0 ] && echo "4 services: /healthz /readyz /metrics live (rollout tokens $r1 -> $r2 in 3 s, trainer steps $t1 -> $t2), readiness follows Redis, bad ports refused"
 exit $fail
