@@ -41,12 +41,11 @@ COPY . .
 RUN set -eu; \
     cuda=0; out=build/bin; \
     if [ "$BACKEND" = cuda ]; then cuda=1; out=build/cuda/bin; fi; \
+    bins="marlaas marlaas-scheduler marlaas-rollout marlaas-verifier marlaas-trainer reward_service env_service"; \
     rm -rf build && mkdir -p build && touch build/.deps-ok; \
-    make -j"$(nproc)" ARCH="$ARCH" CUDA="$cuda" all; \
+    make -j"$(nproc)" ARCH="$ARCH" CUDA="$cuda" $(for b in $bins; do echo "$out/$b"; done); \
     mkdir -p /out; \
-    for b in marlaas marlaas-scheduler marlaas-rollout marlaas-verifier marlaas-trainer reward_service env_service; do \
-        cp "$out/$b" /out/; \
-    done
+    for b in $bins; do cp "$out/$b" /out/; done
 
 # --- runtime ----------------------------------------------------------------------------------
 FROM debian:bookworm-slim AS runtime-cpu

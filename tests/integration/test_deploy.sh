@@ -107,7 +107,7 @@ fi
 echo "compose: $(docker-compose version --short 2>/dev/null || echo '?') validated docker-compose.yml and the GPU override"
 
 # --- Dockerfile ---------------------------------------------------------------------------------
-shipped=$(sed -n 's/.*for b in \(.*\); do.*/\1/p' Dockerfile)
+shipped=$(sed -n 's/.*bins="\(.*\)";.*/\1/p' Dockerfile)
 check "Dockerfile names the shipped binaries" [ -n "$shipped" ]
 needed=()
 for b in $shipped; do
