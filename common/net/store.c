@@ -33,6 +33,7 @@ struct store {
     int retry_ms;
     bool down;             // an outage was logged and no command has succeeded since
     double down_since;
+    bool (*abort)(void);   // reconnection gives up at once when this returns true (shutdown)
 };
 
 #define T(x) (1u << REDIS_REPLY_##x)
@@ -79,6 +80,10 @@ static int store_reconnect(store_t *s, double deadline, char *why) {
         if (store_connect(s, cto, why) == 0) return 0;
         left_ms = (deadline - util_now()) * 1000.0;
         if (left_ms <= 0) return -1;
+        if (s->abort && s->abort()) {
+            snprintf(why + strlen(why), ERR_LEN - strlen(why), " (stopping: no more attempts)");
+            return -1;
+        }
         store_sleep_ms(delay < left_ms ? delay : left_ms);
         delay = delay * 2 > STORE_BACKOFF_MAX_MS ? STORE_BACKOFF_MAX_MS : delay * 2;
     }
@@ -115,6 +120,10 @@ void store_destroy(store_t **sp) {
     free(s->prefix);
     free(s);
     *sp = NULL;
+}
+
+void store_set_abort(store_t *s, bool (*abort)(void)) {
+    if (s) s->abort = abort;
 }
 
 void store_set_retry(store_t *s, int max_wait_ms) {

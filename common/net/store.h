@@ -96,6 +96,11 @@ void store_destroy(store_t **s);
 // Negative values are treated as 0.
 void store_set_retry(store_t *s, int max_wait_ms);
 
+// While abort() returns true (the process is shutting down) a lost connection is tried once
+// and the call fails instead of retrying for the rest of its budget: a service told to stop
+// while Redis is unreachable stops within seconds. NULL = always retry.
+void store_set_abort(store_t *s, bool (*abort)(void));
+
 // The key prefix this store was created with.
 const char *store_prefix(const store_t *s);
 

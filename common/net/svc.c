@@ -44,8 +44,25 @@ static const char *http_default(const char *name) {
 }
 
 static volatile sig_atomic_t stop_flag;
+static char svc_label[64] = "service";
+
+// A service told to stop finishes its loop turn and exits; one blocked in a call that cannot be
+// interrupted (a Redis read on a connection whose host vanished waits out its 30 s I/O
+// timeout) exits SVC_STOP_DEADLINE_S seconds after the signal anyway. Nothing is lost: the
+// state lives in Redis and unfinished work is issued again when its lease ends.
+#define SVC_STOP_DEADLINE_S 10
+static void on_deadline(int sig) {
+    (void)sig;
+    char msg[160];
+    int n = snprintf(msg, sizeof msg, "WARN  %s still busy %d s after the stop signal (blocked on a peer or Redis); "
+                     "exiting now\n", svc_label, SVC_STOP_DEADLINE_S);
+    if (n > 0) (void)!write(2, msg, (size_t)n);
+    _exit(3);
+}
+
 static void on_signal(int sig) {
     (void)sig;
+    if (!stop_flag) alarm(SVC_STOP_DEADLINE_S);
     stop_flag = 1;
 }
 
@@ -110,6 +127,10 @@ int svc_init(svc_t *s, const char *name, int argc, char **argv, const char *help
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    snprintf(svc_label, sizeof svc_label, "%s", name);
+    struct sigaction sd = {.sa_handler = on_deadline};
+    sigemptyset(&sd.sa_mask);
+    sigaction(SIGALRM, &sd, NULL);
     signal(SIGPIPE, SIG_IGN);
     return 0;
 }
@@ -145,7 +166,9 @@ store_t *svc_store(const svc_t *s, char *err) {
     char host[256];
     int port;
     redis_addr(s, host, sizeof host, &port);
-    return store_new(host, port, s->opt[SVC_PREFIX], err);
+    store_t *st = store_new(host, port, s->opt[SVC_PREFIX], err);
+    store_set_abort(st, svc_stopping);
+    return st;
 }
 
 // /readyz pings Redis on a connection of its own with a 1 s timeout: the main loop would notice

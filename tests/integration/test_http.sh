@@ -86,6 +86,11 @@ check "no errors in the trainer" [ "$(metric "$TRA" marlaas_errors_total)" = 0 ]
 check "API requests counted" gt "$(metric "$SCH" marlaas_api_requests_total)" 2
 
 # readiness follows Redis; liveness does not
+# (an extra verifier, to be stopped while Redis does not answer)
+XP=$(free_low_port)
+(set -a; . "$RUN/env"; set +a; MARLAAS_HTTP=0 MARLAAS_VERIFIERS="tcp://127.0.0.1:$XP" exec "$BIN/marlaas-verifier") > "$RUN/xv.log" 2>&1 &
+xv_pid=$!
+for _ in $(seq 1 50); do grep -q " ready: " "$RUN/xv.log" && break; sleep 0.1; done
 redis_pid=$(svc_pid redis)
 kill -STOP "$redis_pid"
 for _ in $(seq 1 60); do [ "$(code "http://$TRA/readyz")" = 503 ] && break; sleep 0.25; done
@@ -94,6 +99,16 @@ echo "Redis paused: trainer /readyz: $body"
 check "not ready without Redis" [ "$(code "http://$TRA/readyz")" = 503 ]
 check "/readyz names Redis" sh -c "echo '$body' | grep -q Redis"
 check "still alive without Redis" [ "$(code "http://$TRA/healthz")" = 200 ]
+# SIGTERM while Redis hangs: the extra verifier is blocked in a Redis read (30 s I/O timeout)
+# and still exits by its 10 s stop deadline
+sleep 2.5
+kill -TERM "$xv_pid"
+t0=$EPOCHREALTIME
+for _ in $(seq 1 130); do kill -0 "$xv_pid" 2>/dev/null || break; sleep 0.1; done
+xv_s=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}')
+echo "SIGTERM to a verifier blocked on the paused Redis: gone after $xv_s s ($(tail -n 1 "$RUN/xv.log" | cut -c1-90))"
+check "blocked verifier exits within 13 s of SIGTERM" sh -c "! kill -0 $xv_pid 2>/dev/null"
+kill -9 "$xv_pid" 2>/dev/null || true
 kill -CONT "$redis_pid"
 for _ in $(seq 1 60); do [ "$(code "http://$TRA/readyz")" = 200 ] && break; sleep 0.25; done
 check "ready again with Redis" [ "$(code "http://$TRA/readyz")" = 200 ]

@@ -721,6 +721,28 @@ Test(store, gives_up_when_server_stays_down) {
     free(log);
 }
 
+static bool always(void) { return true; }
+
+// A process that is stopping (the abort callback says so) does not spend its retry budget on a
+// server that is gone: one reconnection attempt, then the error.
+Test(store, abort_ends_retries) {
+    char err[ERR_LEN] = "";
+    store_set_retry(st, 8000);
+    capture_t cap;
+    capture_begin(&cap);
+    rs_kill(&rs.pid);
+    store_set_abort(st, always);
+    double t0 = util_now();
+    cr_assert_eq(store_ping(st, err), -1);
+    double dt = util_now() - t0;
+    cr_assert(dt < 1.0, "gave up after %.3f s with abort set (budget 8 s)", dt);
+    cr_assert_not_null(strstr(err, "stopping"), "err: %s", err);
+    store_set_abort(st, NULL);
+    rs_restart_now();
+    cr_assert_eq(store_ping(st, err), 0, "%s", err);
+    free(capture_end(&cap));
+}
+
 Test(store_connect, refused_fails_fast) {
     char err[ERR_LEN] = "", want[64];
     int port = free_port();
