@@ -14,25 +14,31 @@ PKGS=(build-essential pkg-config
 PKGS+=(docker-compose)
 command -v kubectl >/dev/null 2>&1 || PKGS+=(kubernetes-client)
 command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
-command -v npm >/dev/null 2>&1 || PKGS+=(npm)
 
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+# npm after Node.js: a Node.js package that bundles npm conflicts with Debian's npm package
+need_npm() { ! command -v npm >/dev/null 2>&1; }
+[ ${#missing[@]} -eq 0 ] && ! need_npm && exit 0
 
-echo "marlaas: installing missing Debian packages: ${missing[*]}" >&2
+echo "marlaas: installing missing Debian packages: ${missing[*]}$(need_npm && echo ' (then npm)')" >&2
 if [ "$(id -u)" -eq 0 ]; then
     SUDO=()
 elif command -v sudo >/dev/null 2>&1; then
     SUDO=(sudo)
 else
     echo "marlaas: cannot install packages (not root, no sudo). Run as root:" >&2
-    echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
+    echo "  apt-get update && apt-get install -y ${missing[*]} && (command -v npm || apt-get install -y npm)" >&2
     exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
 "${SUDO[@]}" apt-get update -qq
-"${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+    "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if need_npm; then
+    "${SUDO[@]}" apt-get install -y -qq --no-install-recommends npm >/dev/null
+fi
 echo "marlaas: packages installed" >&2
