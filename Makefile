@@ -22,7 +22,13 @@ ifneq ($(filter-out 0 1,$(CUDA)),)
 $(error CUDA must be 0 or 1, got '$(CUDA)')
 endif
 ifeq ($(CUDA),1)
-$(error CUDA=1: the CUDA backend (kernels/cuda) is not implemented yet; build without CUDA=1 for the CPU backend)
+# The CUDA backend (kernels/cuda, tests/gpu): objects in their own tree, build/cuda, so that CPU
+# and CUDA objects never mix (`override` wins over the BUILD assignments below). Flags, rules
+# and targets are in the "CUDA backend" section at the end of this file.
+ifneq ($(SAN)$(VG),00)
+$(error CUDA=1 cannot be combined with SAN=1 or VG=1 (the CUDA runtime needs sanitizer options this build does not set))
+endif
+override BUILD := build/cuda
 endif
 
 ifeq ($(SAN),1)
@@ -143,7 +149,7 @@ unit: $(UNIT_BIN)
 integration: all
 	MARLAAS_BIN=$(BUILD)/bin bash tests/integration/run.sh
 
-test: all unit integration
+test: all unit integration cuda-check
 
 valgrind:
 	$(MAKE) VG=1 valgrind-run
@@ -189,3 +195,74 @@ $(TOOL_BINS): $(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 -include $(EXAMPLE_SRC:%.c=$(BUILD)/obj/%.d) $(TOOL_SRC:%.c=$(BUILD)/obj/%.d)
+
+# --- CUDA backend ------------------------------------------------------------------------------
+# make CUDA=1           everything above plus the CUDA backend: kernels/cuda/*.cu compiled by nvcc
+#                       into the same library, -DMARLAAS_CUDA=1 for the C code, cuBLAS/cudart
+#                       linked everywhere, and the GPU tests $(BUILD)/bin/marlaas-gpu-tests; all
+#                       of it under build/cuda (see the CUDA=1 block at the top)
+# make CUDA=1 gpu-test  builds and runs the GPU tests: every op of the CUDA table against the CPU
+#                       backend; without a visible GPU every test is skipped, with the reason
+# make cuda-check       (no CUDA=1 needed) builds everything with CUDA=1 into build/cuda; prints a
+#                       skip line and succeeds when nvcc is not installed
+# tests/gpu/run.sh      the GPU check for a machine with a GPU (builds, runs, reports)
+CUDA_HOME ?= /usr/local/cuda
+ifeq ($(origin NVCC),undefined)
+NVCC := $(or $(shell command -v nvcc 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/nvcc))
+endif
+CUDA_ARCHS   := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+NVCCFLAGS    := -O2 -g -lineinfo -std=c++17 $(CUDA_ARCHS) -Xcompiler -fPIC,-Wall -I. -MMD -MP
+CUDA_SRC     := $(wildcard kernels/cuda/*.cu)
+GPU_TEST_SRC := $(wildcard tests/gpu/*.c)
+GPU_TEST_BIN := $(BUILD)/bin/marlaas-gpu-tests
+
+.PHONY: cuda-check gpu-build gpu-test
+ifeq ($(CUDA),1)
+ifeq ($(NVCC),)
+ifneq ($(MAKECMDGOALS),cuda-check)
+$(error CUDA=1: nvcc not found (neither on PATH nor in $(CUDA_HOME)/bin); set NVCC=... or CUDA_HOME=...)
+endif
+endif
+CUDA_OBJ     := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
+GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/obj/%.o)
+CFLAGS       += -DMARLAAS_CUDA=1
+LDLIBS       += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+
+$(BUILD)/obj/%.o: %.cu | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+# The CUDA objects go into the one library (its rule archives all its prerequisites).
+$(LIB): $(CUDA_OBJ)
+
+$(GPU_TEST_BIN): $(GPU_TEST_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+
+all: $(GPU_TEST_BIN)
+gpu-build: $(GPU_TEST_BIN)
+gpu-test: $(GPU_TEST_BIN)
+	$(GPU_TEST_BIN)
+
+-include $(CUDA_OBJ:.o=.d) $(GPU_TEST_OBJ:.o=.d)
+else
+# Without CUDA=1 these build (and run) the CUDA tree.
+gpu-build gpu-test:
+	$(MAKE) CUDA=1 $@
+endif
+
+# `make test` ends with cuda-check: wherever nvcc is installed the CUDA build is compiled (a compile
+# error fails the tests) and the GPU tests run (each skipped, with the reason, without a GPU).
+cuda-check:
+ifeq ($(NVCC),)
+	@echo "cuda-check: SKIPPED: nvcc not found (neither on PATH nor in $(CUDA_HOME)/bin); the CUDA backend was not built"
+else
+	$(MAKE) CUDA=1 SAN=0 VG=0 all gpu-test
+endif
+
+# The GPU tests against a CPU emulation of the CUDA kernels (no GPU, no nvcc needed; about 2
+# minutes): a development aid for the kernels' logic, see tests/gpu/emu/run.sh.
+.PHONY: gpu-emu
+gpu-emu:
+	bash tests/gpu/emu/run.sh
+# --- end of CUDA backend ----------------------------------------------------------------------

@@ -4,6 +4,14 @@
 // from the table's alloc. Row-major everywhere; shapes are given in the comments as (rows, cols).
 // The CPU backend (kernels/cpu) is the reference every other backend is tested against.
 // This header knows nothing of the rest of the project: kernels use nothing of ours.
+//
+// Host and device memory (what a GPU backend such as `cuda` expects): every float tensor argument
+// is backend memory from alloc; the small index and metadata arrays are HOST memory, since the
+// engine builds them on the host every step: int32 tokens / targets / pos, the paged arguments'
+// seq_of, pos, tables (the pointer array and every table), the packed arguments' start, len,
+// pre_start, pre_len, and the kern_lora_seg_t array itself (its A and B point to backend memory).
+// A GPU backend copies them to the device itself during the call; the caller may reuse them as
+// soon as the call returns. Details: kernels/cuda/cuda.h.
 #ifndef MARLAAS_KERNELS_H
 #define MARLAAS_KERNELS_H
 
