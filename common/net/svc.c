@@ -259,6 +259,17 @@ int svc_serve(svc_t *s, char *err) {
     return 0;
 }
 
+store_t *svc_open(svc_t *s) {
+    char err[ERR_LEN];
+    store_t *st = NULL;
+    if (svc_serve(s, err) == 0) st = svc_store(s, err);
+    if (!st) {
+        log_error("%s", err);
+        svc_close(s);
+    }
+    return st;
+}
+
 void svc_ready(svc_t *s, bool ready, const char *why_not) {
     if (s->ready_self == ready && (ready || !strcmp(s->not_ready, why_not ? why_not : ""))) return;
     s->ready_self = ready;

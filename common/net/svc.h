@@ -69,6 +69,9 @@ int svc_heartbeat(svc_t *s, store_t *st, int ttl, int n, const char **fields, co
 // loading models, so probes answer while the service starts. -1 + err when the port cannot be
 // served. With --http 0 the registry still exists and nothing listens.
 int svc_serve(svc_t *s, char *err);
+// svc_serve, then svc_store: the Redis connection of a service that serves its HTTP endpoint.
+// NULL (the error logged, everything closed) on failure.
+store_t *svc_open(svc_t *s);
 // The service's own readiness (combined with Redis reachability for /readyz).
 void svc_ready(svc_t *s, bool ready, const char *why_not);
 // The main loop turned (liveness for /healthz). Call once per loop iteration.

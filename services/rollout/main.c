@@ -20,11 +20,8 @@ int main(int argc, char **argv) {
     int rc = svc_init(&s, "rollout", argc, argv, HELP);
     if (rc) return rc > 0 ? 0 : 2;
     char err[ERR_LEN];
-    if (svc_serve(&s, err)) {
-        log_error("%s", err);
-        svc_close(&s);
-        return 1;
-    }
+    store_t *st = svc_open(&s);
+    if (!st) return 1;
     metrics_t *met = s.met;
     const int m_tokens = metrics_def(met, "marlaas_rollout_tokens_total", MET_COUNTER, "Tokens generated."),
               m_tps = metrics_def(met, "marlaas_rollout_tokens_per_second", MET_GAUGE,
@@ -40,12 +37,6 @@ int main(int argc, char **argv) {
               m_job_tokens = metrics_def_job(met, "marlaas_rollout_job_tokens_total", MET_COUNTER,
                                          "Tokens generated, per job (all turns).");
     met_window_t tok_win = {0};
-    store_t *st = svc_store(&s, err);
-    if (!st) {
-        log_error("%s", err);
-        svc_close(&s);
-        return 1;
-    }
     rl_runtime_cfg_t rc_cfg = {.n_slots = atoi(svc_extra(&s, "max_adapters", "32")),
                                .max_batch_tokens = atoi(svc_extra(&s, "max_batch_tokens", "512"))};
     rl_runtime_t *rt = rl_runtime_open(svc_get(&s, SVC_MODEL), &rc_cfg, err);

@@ -34,21 +34,12 @@ int main(int argc, char **argv) {
         log_warn("no admin token of 8+ characters (--admin-token / MARLAAS_ADMIN_TOKEN): tenants cannot be created");
     }
     char err[ERR_LEN], ep[256], path[4096];
-    if (svc_serve(&s, err)) {
-        log_error("%s", err);
-        svc_close(&s);
-        return 1;
-    }
+    store_t *st = svc_open(&s);
+    if (!st) return 1;
     metrics_t *met = s.met;
     const int m_api = metrics_def(met, "marlaas_api_requests_total", MET_COUNTER, "API requests answered."),
               m_api_err = metrics_def(met, "marlaas_api_errors_total", MET_COUNTER,
                                       "API requests answered with an error (bad token, invalid spec, unknown job, ...).");
-    store_t *st = svc_store(&s, err);
-    if (!st) {
-        log_error("%s", err);
-        svc_close(&s);
-        return 1;
-    }
     hf_config_t mc;
     snprintf(path, sizeof path, "%s/config.json", svc_get(&s, SVC_MODEL));
     if (hf_config_load(&mc, path, err)) {

@@ -27,11 +27,8 @@ int main(int argc, char **argv) {
         log_error("--set shared_prefix must be 0 or 1, got '%s'", shared_prefix);
         return 2;
     }
-    if (svc_serve(&s, err)) {
-        log_error("%s", err);
-        svc_close(&s);
-        return 1;
-    }
+    store_t *st = svc_open(&s);
+    if (!st) return 1;
     metrics_t *met = s.met;
     const int m_steps = metrics_def(met, "marlaas_trainer_steps_total", MET_COUNTER, "Optimiser steps applied (all jobs)."),
               m_sps = metrics_def(met, "marlaas_trainer_steps_per_second", MET_GAUGE,
@@ -47,12 +44,6 @@ int main(int argc, char **argv) {
               m_job_failed = metrics_def_job(met, "marlaas_trainer_job_failures_total", MET_COUNTER,
                                          "Steps that failed the job, per job.");
     met_window_t step_win = {0};
-    store_t *st = svc_store(&s, err);
-    if (!st) {
-        log_error("%s", err);
-        svc_close(&s);
-        return 1;
-    }
     model_t *m = model_load(svc_get(&s, SVC_MODEL), kernels_cpu(), err);
     if (!m) {
         log_error("cannot load the base model: %s (set --model or MARLAAS_MODEL)", err);

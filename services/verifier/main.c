@@ -18,11 +18,8 @@ int main(int argc, char **argv) {
     int rc = svc_init(&s, "verifier", argc, argv, HELP);
     if (rc) return rc > 0 ? 0 : 2;
     char err[ERR_LEN], ep[256];
-    if (svc_serve(&s, err)) {
-        log_error("%s", err);
-        svc_close(&s);
-        return 1;
-    }
+    store_t *st = svc_open(&s);
+    if (!st) return 1;
     metrics_t *met = s.met;
     const int m_batches = metrics_def(met, "marlaas_verifier_batches_total", MET_COUNTER, "Batches fully scored."),
               m_samples = metrics_def(met, "marlaas_verifier_samples_total", MET_COUNTER, "Samples scored."),
@@ -35,12 +32,6 @@ int main(int argc, char **argv) {
                                          "Sum of rewards, per job (mean reward = rate of this / rate of samples)."),
               m_job_errors = metrics_def_job(met, "marlaas_verifier_job_errors_total", MET_COUNTER,
                                          "Samples whose scoring failed (reward service error or timeout), per job.");
-    store_t *st = svc_store(&s, err);
-    if (!st) {
-        log_error("%s", err);
-        svc_close(&s);
-        return 1;
-    }
     scorer_t *sc = scorer_new(st, err);
     svc_bind_endpoint(&s, SVC_VERIFIERS, ep, sizeof ep);
     zsock_t *in = bus_bind(ZMQ_PULL, ep, BUS_DEFAULT_HWM, PROTO_MAX_FRAME, err);
