@@ -13,6 +13,9 @@
 #include <unistd.h>
 
 #include "common/util/log.h"
+#ifdef MARLAAS_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
 
 static const struct {
     const char *flag, *env, *def;
@@ -32,6 +35,7 @@ static const struct {
     [SVC_POLICY] = {"policy", "MARLAAS_POLICY", "async"},
     [SVC_ID] = {"id", "MARLAAS_ID", NULL},
     [SVC_HTTP] = {"http", "MARLAAS_HTTP", NULL},   // per service: see http_default
+    [SVC_BACKEND] = {"backend", "MARLAAS_BACKEND", "cpu"},
 };
 
 // Default HTTP ports: one per service, so a single host can run all four with no flags.
@@ -257,6 +261,31 @@ int svc_serve(svc_t *s, char *err) {
     if (!s->http && err[0]) return -1;
     if (s->http) log_info("serving /healthz /readyz /metrics on port %d", http_port(s->http));
     return 0;
+}
+
+const kernels_t *svc_kernels(const svc_t *s, char *err) {
+    const char *b = s->opt[SVC_BACKEND];
+    if (!strcmp(b, "cpu")) return kernels_cpu();
+    if (strcmp(b, "cuda") != 0) {
+        err_set(err, "unknown --backend / MARLAAS_BACKEND '%s': use cpu or cuda", b);
+        return NULL;
+    }
+#ifdef MARLAAS_CUDA
+    char why[ERR_LEN];
+    if (!kernels_cuda_available(why, sizeof why)) {
+        err_set(err, "--backend cuda: no usable GPU (%s); use --backend cpu", why);
+        return NULL;
+    }
+    // The kernels pass their tests against the CPU backend; the engine still reads some of its
+    // buffers on the host, which device memory does not allow.
+    err_set(err, "--backend cuda: the engine does not run on the CUDA backend yet (its kernels do: "
+                 "tests/gpu); use --backend cpu");
+    return NULL;
+#else
+    err_set(err, "--backend cuda: this build has no CUDA backend (build with make CUDA=1, or use the CUDA "
+                 "image); use --backend cpu");
+    return NULL;
+#endif
 }
 
 store_t *svc_open(svc_t *s) {

@@ -16,6 +16,7 @@
 //   --admin-token  MARLAAS_ADMIN_TOKEN     (scheduler; required to create tenants)
 //   --policy       MARLAAS_POLICY          async                   (scheduler: async | sync)
 //   --id           MARLAAS_ID              NAME-HOST-PID
+//   --backend      MARLAAS_BACKEND         cpu                     (rollout, trainer: cpu | cuda)
 //   --http         MARLAAS_HTTP            scheduler 9500, rollout 9501, verifier 9502, trainer 9503
 //                                          (GET /healthz /readyz /metrics; PORT, HOST:PORT, 0 = off)
 // A service binds the endpoints it owns on all interfaces (tcp://*:PORT, port taken from the
@@ -28,10 +29,11 @@
 #include "common/net/http.h"
 #include "common/net/metrics.h"
 #include "common/net/store.h"
+#include "kernels/kernels.h"
 
 typedef enum {
     SVC_REDIS, SVC_PREFIX, SVC_MODEL, SVC_API, SVC_WORK, SVC_EVENTS, SVC_REPORTS, SVC_VERIFIERS, SVC_TRAINER,
-    SVC_TRAINER_EVENTS, SVC_THREADS, SVC_ADMIN_TOKEN, SVC_POLICY, SVC_ID, SVC_HTTP, SVC_N_OPTS
+    SVC_TRAINER_EVENTS, SVC_THREADS, SVC_ADMIN_TOKEN, SVC_POLICY, SVC_ID, SVC_HTTP, SVC_BACKEND, SVC_N_OPTS
 } svc_opt_t;
 
 typedef struct {
@@ -69,6 +71,9 @@ int svc_heartbeat(svc_t *s, store_t *st, int ttl, int n, const char **fields, co
 // loading models, so probes answer while the service starts. -1 + err when the port cannot be
 // served. With --http 0 the registry still exists and nothing listens.
 int svc_serve(svc_t *s, char *err);
+// The compute backend named by --backend (cpu, cuda), or NULL + err: an unknown name, a build
+// without the CUDA backend, no usable GPU, or a backend the engine cannot run on yet.
+const kernels_t *svc_kernels(const svc_t *s, char *err);
 // svc_serve, then svc_store: the Redis connection of a service that serves its HTTP endpoint.
 // NULL (the error logged, everything closed) on failure.
 store_t *svc_open(svc_t *s);

@@ -51,7 +51,7 @@ fail:
 
 rl_runtime_t *rl_runtime_open(const char *dir, const rl_runtime_cfg_t *cfg, char *err) {
     char path[4096];
-    model_t *m = model_load(dir, kernels_cpu(), err);
+    model_t *m = model_load(dir, cfg && cfg->k ? cfg->k : kernels_cpu(), err);
     if (!m) return NULL;
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     tokenizer_t *t = tokenizer_load(path, err);

@@ -31,6 +31,7 @@ typedef struct {
     int kv_blocks;        // KV cache blocks of 16 tokens (default: enough for 256 full contexts)
     int max_seqs;         // live sequences (default 512)
     int max_batch_tokens; // rows per engine step (default 512)
+    const kernels_t *k;   // compute backend for rl_runtime_open (NULL = the CPU backend)
 } rl_runtime_cfg_t;
 
 // Loads DIR (config.json, model.safetensors, tokenizer.json) and builds the runtime.

@@ -20,6 +20,12 @@ int main(int argc, char **argv) {
     int rc = svc_init(&s, "rollout", argc, argv, HELP);
     if (rc) return rc > 0 ? 0 : 2;
     char err[ERR_LEN];
+    // settings first: a wrong backend fails before anything is started
+    const kernels_t *k = svc_kernels(&s, err);
+    if (!k) {
+        log_error("%s", err);
+        return 2;
+    }
     store_t *st = svc_open(&s);
     if (!st) return 1;
     metrics_t *met = s.met;
@@ -38,7 +44,7 @@ int main(int argc, char **argv) {
                                          "Tokens generated, per job (all turns).");
     met_window_t tok_win = {0};
     rl_runtime_cfg_t rc_cfg = {.n_slots = atoi(svc_extra(&s, "max_adapters", "32")),
-                               .max_batch_tokens = atoi(svc_extra(&s, "max_batch_tokens", "512"))};
+                               .max_batch_tokens = atoi(svc_extra(&s, "max_batch_tokens", "512")), .k = k};
     rl_runtime_t *rt = rl_runtime_open(svc_get(&s, SVC_MODEL), &rc_cfg, err);
     if (!rt) {
         log_error("cannot load the base model: %s (set --model or MARLAAS_MODEL)", err);
@@ -150,7 +156,7 @@ int main(int argc, char **argv) {
                     uint64_t samples = 0, toks = 0;
                     for (uint32_t g = 0; g < b->n_groups; g++) {
                         samples += b->groups[g].n_samples;
-                        for (uint32_t k = 0; k < b->groups[g].n_samples; k++) toks += b->groups[g].samples[k].n;
+                        for (uint32_t q = 0; q < b->groups[g].n_samples; q++) toks += b->groups[g].samples[q].n;
                     }
                     metrics_add(met, m_tasks, NULL, 1);
                     metrics_add(met, m_job_tasks, b->job, 1);

@@ -151,7 +151,7 @@ static int load_adapter(worker_t *w, int s, const char *job, uint32_t version, c
         if (rc == 1) err_set(err, "adapter version %u of job %s is not in Redis (evicted or never published)", version, job);
         return -1;
     }
-    lora_t *a = lora_deserialize(blob, len, &w->rt->model->cfg, kernels_cpu(), err);
+    lora_t *a = lora_deserialize(blob, len, &w->rt->model->cfg, w->rt->model->k, err);
     free(blob);
     if (!a || lora_pool_set(w->rt->pool, s, &a, err)) {
         lora_destroy(&a);

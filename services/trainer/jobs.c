@@ -40,6 +40,7 @@ typedef struct {
 
 struct tjobs {
     engine_t *e;
+    const kernels_t *k;          // the engine's backend: adapters, gradients, optimiser state
     store_t *st;
     tjobs_cfg_t cfg;
     tjob_t **jobs;               // (max_jobs) indexed by slot; NULL = free
@@ -65,7 +66,7 @@ static void job_free(tjobs_t *t, tjob_t **pj) {
     for (int i = 0; i < j->n_buf; i++) group_free(&j->buf[i]);
     free(j->buf);
     optim_destroy(&j->opt);
-    kernels_cpu()->free(j->grad);
+    t->k->free(j->grad);
     lora_pool_clear(engine_pool(t->e), j->slot);
     free(j);
     *pj = NULL;
@@ -82,6 +83,7 @@ tjobs_t *tjobs_new(engine_t *e, store_t *st, const tjobs_cfg_t *cfg, char *err) 
     }
     tjobs_t *t = xcalloc(1, sizeof *t);
     t->e = e;
+    t->k = engine_model(e)->k;
     t->st = st;
     t->cfg = *cfg;
     if (t->cfg.keep_versions < 2) t->cfg.keep_versions = 2;
@@ -172,7 +174,7 @@ static tjob_t *load(tjobs_t *t, const char *id, char *err) {
         goto fail;
     }
     const model_t *m = engine_model(t->e);
-    lora_t *a = lora_deserialize(blob, len, &m->cfg, kernels_cpu(), err);
+    lora_t *a = lora_deserialize(blob, len, &m->cfg, t->k, err);
     free(blob);
     if (!a || lora_pool_set(engine_pool(t->e), slot, &a, err)) {
         lora_destroy(&a);
@@ -181,8 +183,8 @@ static tjob_t *load(tjobs_t *t, const char *id, char *err) {
     lora_t *ad = lora_pool_get(engine_pool(t->e), slot);
     optim_cfg_t oc = optim_defaults();
     oc.lr = j->spec.lr;
-    j->opt = optim_new(&oc, kernels_cpu(), ad->n_params);
-    j->grad = kernels_cpu()->alloc(sizeof(float) * ad->n_params);
+    j->opt = optim_new(&oc, t->k, ad->n_params);
+    j->grad = t->k->alloc(sizeof(float) * ad->n_params);
     store_key(t->st, key, sizeof key, "optim:%s", id);
     if (store_get(t->st, key, &blob, &len, err) == 0) {
         char e2[ERR_LEN];
@@ -200,7 +202,7 @@ fail:
     free(spec), free(ver), free(step);
     lora_pool_clear(engine_pool(t->e), slot);
     optim_destroy(&j->opt);
-    kernels_cpu()->free(j->grad);
+    t->k->free(j->grad);
     free(j);
     return NULL;
 }
@@ -357,7 +359,7 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
     int k = 0;
     for (int r = 0; r < n_ready; r++) {
         tjob_t *j = ready[r];
-        kernels_cpu()->zero(j->grad, sizeof(float) * lora_pool_get(engine_pool(t->e), j->slot)->n_params);
+        t->k->zero(j->grad, sizeof(float) * lora_pool_get(engine_pool(t->e), j->slot)->n_params);
         grads_by_slot[j->slot] = j->grad;
         for (int g = 0; g < j->spec.prompts; g++) {
             tgroup_t *gr = &j->buf[g];
@@ -461,7 +463,7 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
             }
             lora_t *ad = lora_pool_get(engine_pool(t->e), j->slot);
             double gn = optim_step(j->opt, ad->params, j->grad);
-            if (!isfinite(gn) || !isfinite(ls->loss) || !kernels_cpu()->all_finite(ad->n_params, ad->params)) {
+            if (!isfinite(gn) || !isfinite(ls->loss) || !t->k->all_finite(ad->n_params, ad->params)) {
                 char why[ERR_LEN];
                 snprintf(why, sizeof why, "step %u: loss or gradient is not finite (loss %g, gradient norm %g); "
                          "lower the learning rate (spec.lr)", j->step + 1, ls->loss, gn);

@@ -27,6 +27,12 @@ int main(int argc, char **argv) {
         log_error("--set shared_prefix must be 0 or 1, got '%s'", shared_prefix);
         return 2;
     }
+    // settings first: a wrong backend fails before anything is started
+    const kernels_t *k = svc_kernels(&s, err);
+    if (!k) {
+        log_error("%s", err);
+        return 2;
+    }
     store_t *st = svc_open(&s);
     if (!st) return 1;
     metrics_t *met = s.met;
@@ -44,7 +50,7 @@ int main(int argc, char **argv) {
               m_job_failed = metrics_def_job(met, "marlaas_trainer_job_failures_total", MET_COUNTER,
                                          "Steps that failed the job, per job.");
     met_window_t step_win = {0};
-    model_t *m = model_load(svc_get(&s, SVC_MODEL), kernels_cpu(), err);
+    model_t *m = model_load(svc_get(&s, SVC_MODEL), k, err);
     if (!m) {
         log_error("cannot load the base model: %s (set --model or MARLAAS_MODEL)", err);
         store_destroy(&st);

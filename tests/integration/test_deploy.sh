@@ -96,6 +96,8 @@ for name in ("trainer", "rollout"):
     dev = gpu["services"][name].get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
     if not any("gpu" in d.get("capabilities", []) for d in dev): bad(f"GPU override: {name} reserves no GPU")
     if "cuda" not in gpu["services"][name]["image"]: bad(f"GPU override: {name} not on the CUDA image")
+    if gpu["services"][name]["environment"].get("MARLAAS_BACKEND") != "cuda": bad(f"GPU override: {name} not on the CUDA backend")
+    if gpu["services"][name]["environment"].get("MARLAAS_REDIS") != "redis:6379": bad(f"GPU override: {name} lost the shared settings")
 sys.exit(0 if ok else 1)
 EOF
 unset MARLAAS_ADMIN_TOKEN

@@ -120,11 +120,19 @@ out=$(set -a; . "$RUN/env"; set +a; MARLAAS_HTTP="$SCH" timeout 20 "$BIN/marlaas
 rc=$?
 out2=$(set -a; . "$RUN/env"; set +a; MARLAAS_HTTP=99999 timeout 20 "$BIN/marlaas-verifier" 2>&1)
 rc2=$?
+out3=$(MARLAAS_HTTP=0 timeout 20 "$BIN/marlaas-trainer" --backend cuda 2>&1)
+rc3=$?
+out4=$(MARLAAS_HTTP=0 timeout 20 "$BIN/marlaas-rollout" --backend tpu 2>&1)
+rc4=$?
 set -e
 echo "port taken: rc $rc: $(echo "$out" | grep -m1 -o 'cannot serve HTTP.*')"
 check "port taken: exit 1" [ $rc = 1 ]
 check "port taken: message" sh -c "echo '$out' | grep -q 'set --http / MARLAAS_HTTP to a free port'"
 check "bad setting: exit 1" [ $rc2 = 1 ]
+echo "--backend cuda: rc $rc3: $(echo "$out3" | grep -m1 -o 'backend cuda:.*' | cut -c1-100)"
+check "backend cuda refused here: exit 2" [ $rc3 = 2 ]
+check "backend cuda refused with a reason" sh -c "echo '$out3' | grep -q 'use --backend cpu'"
+check "unknown backend: exit 2 and message" sh -c "[ $rc4 = 2 ] && echo '$out4' | grep -q 'use cpu or cuda'"
 check "bad setting: message" sh -c "echo '$out2' | grep -q 'give PORT, HOST:PORT, or 0'"
 
 # the Kubernetes base's placeholder admin token is refused: no tenant can be created with it

@@ -154,6 +154,8 @@ for (const w of workloads) {
             if (!(Number(lim) >= 1)) bad(w, `container ${c.name} does not limit nvidia.com/gpu`);
             const tol = w.spec.template.spec.tolerations || [];
             if (!tol.some((t) => t.key === 'nvidia.com/gpu')) bad(w, 'no toleration for the nvidia.com/gpu taint');
+            if (!(c.env || []).some((e) => e.name === 'MARLAAS_BACKEND' && e.value === 'cuda'))
+                bad(w, `container ${c.name} has a GPU but not MARLAAS_BACKEND=cuda`);
         } else if (lim !== undefined || ((r.requests || {})['nvidia.com/gpu'] !== undefined)) {
             bad(w, `container ${c.name} asks for nvidia.com/gpu`);
         }
