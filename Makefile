@@ -225,8 +225,8 @@ endif
 endif
 CUDA_OBJ     := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/obj/%.o)
-CFLAGS       += -DMARLAAS_CUDA=1
-LDLIBS       += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+CFLAGS       += -DMARLAAS_CUDA=1 -I$(CUDA_HOME)/include
+LDLIBS       += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcublas -lcudart -lstdc++
 
 $(BUILD)/obj/%.o: %.cu | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)

@@ -1,0 +1,158 @@
+// test_dist_nccl.c - NCCL all-reduce of device buffers through dist_nccl (GPU tests; skipped
+// without a GPU, like every test of tests/gpu). One rank on one GPU always; two ranks, one
+// process per GPU, where two GPUs are visible: the sum is exact and reaches both; a rank that
+// never calls the all-reduce makes the other fail at its timeout instead of hanging.
+#include <criterion/criterion.h>
+
+#include <arpa/inet.h>
+#include <cuda_runtime.h>
+#include <czmq.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/net/dist.h"
+#include "common/net/dist_nccl.h"
+#include "common/util/util.h"
+#include "kernels/cuda/cuda.h"
+
+// CUDA does not survive fork(), and the two-rank tests fork: the test process itself never
+// initialises CUDA; a throwaway child answers whether a GPU is usable and how many there are.
+static int probe(int *n_gpus, char *why, size_t n) {
+    int fd[2];
+    if (pipe(fd)) return 0;
+    pid_t p = fork();
+    if (p == 0) {
+        char buf[600];
+        int ok = kernels_cuda_available(buf + 8, sizeof buf - 8), cnt = 0;
+        if (ok && cudaGetDeviceCount(&cnt) != cudaSuccess) cnt = 0;
+        snprintf(buf, 8, "%d %3d", ok, cnt);
+        buf[7] = ' ';
+        ssize_t w = write(fd[1], buf, sizeof buf);
+        (void)w;
+        _exit(0);
+    }
+    close(fd[1]);
+    char buf[600] = "";
+    size_t got = 0;
+    ssize_t r;
+    while (got < sizeof buf && (r = read(fd[0], buf + got, sizeof buf - got)) > 0) got += (size_t)r;
+    close(fd[0]);
+    waitpid(p, NULL, 0);
+    if (got < 8) {
+        snprintf(why, n, "the GPU probe process died");
+        return 0;
+    }
+    buf[sizeof buf - 1] = 0;
+    *n_gpus = atoi(buf + 2);
+    snprintf(why, n, "%.400s", buf + 8);
+    return buf[0] == '1';
+}
+
+static int gpus;
+static void setup(void) {
+    char why[512];
+    if (!probe(&gpus, why, sizeof why)) cr_skip_test("NCCL test skipped: %s", why);
+}
+TestSuite(nccl, .init = setup, .timeout = 120);
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    bind(fd, (struct sockaddr *)&a, sizeof a);
+    socklen_t l = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+#define N 4097
+
+// One rank: sums N floats (rank r contributes r + i) on GPU `rank`; returns 0 when the result
+// is exact. skip_sum: join, then never call the all-reduce (a hung rank).
+static int rank_main(int rank, int world, const char *ep, int skip_sum, double timeout_s, char *err) {
+    if (cudaSetDevice(rank) != cudaSuccess) return 10;
+    dist_t *d = dist_open(rank, world, ep, 30, err);
+    if (!d) return 11;
+    dist_nccl_t *c = dist_nccl_open(d, timeout_s, err);
+    if (!c) return 12;
+    float *h = malloc(sizeof(float) * N), *dev = NULL;
+    for (int i = 0; i < N; i++) h[i] = (float)(rank + i);
+    cudaMalloc((void **)&dev, sizeof(float) * N);
+    cudaMemcpy(dev, h, sizeof(float) * N, cudaMemcpyHostToDevice);
+    int rc = 0;
+    if (skip_sum) {
+        sleep((unsigned)(timeout_s + 3));
+    } else if (dist_nccl_allreduce_sum(c, dev, N, err)) {
+        rc = 13;
+    } else {
+        cudaMemcpy(h, dev, sizeof(float) * N, cudaMemcpyDeviceToHost);
+        for (int i = 0; i < N && !rc; i++) {
+            float want = 0;
+            for (int r = 0; r < world; r++) want += (float)(r + i);
+            if (h[i] != want) rc = 14;
+        }
+    }
+    cudaFree(dev);
+    free(h);
+    dist_nccl_close(&c);
+    dist_close(&d);
+    return rc;
+}
+
+Test(nccl, one_rank_sums_in_place) {
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", free_port());
+    char err[ERR_LEN] = "";
+    int rc = rank_main(0, 1, ep, 0, 30, err);
+    cr_assert_eq(rc, 0, "rc %d: %s", rc, err);
+}
+
+static int n_gpus(void) { return gpus; }
+
+Test(nccl, two_ranks_two_gpus) {
+    if (n_gpus() < 2) cr_skip_test("two-rank NCCL test needs 2 GPUs (%d visible)", n_gpus());
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", free_port());
+    pid_t p = fork();
+    if (p == 0) {
+        char err[ERR_LEN] = "";
+        int rc = rank_main(1, 2, ep, 0, 30, err);
+        if (rc) fprintf(stderr, "rank 1: %d %s\n", rc, err);
+        zsys_shutdown();
+        _exit(rc);
+    }
+    char err[ERR_LEN] = "";
+    int rc = rank_main(0, 2, ep, 0, 30, err);
+    int st = 0;
+    waitpid(p, &st, 0);
+    cr_assert_eq(rc, 0, "rank 0: rc %d: %s", rc, err);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 failed");
+}
+
+Test(nccl, a_hung_rank_fails_the_other_at_its_timeout) {
+    if (n_gpus() < 2) cr_skip_test("two-rank NCCL test needs 2 GPUs (%d visible)", n_gpus());
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", free_port());
+    pid_t p = fork();
+    if (p == 0) {
+        char err[ERR_LEN] = "";
+        int rc = rank_main(1, 2, ep, 1, 3, err);
+        zsys_shutdown();
+        _exit(rc);
+    }
+    char err[ERR_LEN] = "";
+    double t0 = util_now();
+    int rc = rank_main(0, 2, ep, 0, 3, err);
+    double dt = util_now() - t0;
+    kill(p, SIGKILL);
+    waitpid(p, NULL, 0);
+    cr_assert_eq(rc, 13, "rank 0 should fail in the all-reduce (rc %d: %s)", rc, err);
+    cr_assert(strstr(err, "did not complete within 3 s"), "%s", err);
+    cr_assert(dt < 30, "took %.1f s", dt);
+}
