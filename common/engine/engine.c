@@ -1,5 +1,15 @@
 // engine.c - batched multi-LoRA transformer forward (paged inference / packed training),
 // backward, and the CE and RL losses.
+//
+// Memory (see kernels/kernels.h): every float tensor here (weights, adapters, activations, KV
+// pools, logits, gradients, loss values) is BACKEND memory, touched only through the table's
+// ops; host code never dereferences it. The host builds the small index arrays (tokens,
+// positions, row maps, block tables, LoRA segments) and exchanges exactly these values with the
+// backend: engine_step's wanted logits rows (to_host), and per loss chunk the log-probs and
+// entropies (to_host) and the loss gradients d loss / d logp (to_dev). Rows are gathered with the
+// embed op (a row gather by host indices; an exact copy) and scattered with copy over runs of
+// contiguous rows. On the CPU backend every transfer is a memcpy, so the CPU path computes
+// exactly what it computed when it read these buffers directly.
 #include "common/engine/engine.h"
 
 #include <math.h>
@@ -45,7 +55,7 @@ struct engine {
     const int **tables;
     float *lw, *lbuf;
     size_t idx_cap;
-    buf_t act, scratch, logits, grad;
+    buf_t act, scratch, logits, grad, dxf;
 };
 
 static float *buf_get(const kernels_t *k, buf_t *b, size_t n) {
@@ -76,6 +86,7 @@ void engine_destroy(engine_t **pe) {
     free(e->order), free(e->row_slot), free(e->row_seq), free(e->seq_row0), free(e->tab_seq);
     free(e->tok), free(e->pos), free(e->lrow), free(e->ltgt), free(e->tables), free(e->lw), free(e->lbuf);
     e->k->free(e->act.p), e->k->free(e->scratch.p), e->k->free(e->logits.p), e->k->free(e->grad.p);
+    e->k->free(e->dxf.p);
     free(e);
     *pe = NULL;
 }
@@ -153,9 +164,18 @@ static void layer_forward(engine_t *e, int l, acts_t *a, const fwd_ctx_t *c, flo
     k->rope(a->q, c->pos, N, H, hd, e->m->rope_cos, e->m->rope_sin, false);
     k->rope(a->k, c->pos, N, cf->num_key_value_heads, hd, e->m->rope_cos, e->m->rope_sin, false);
     if (c->kc) {
-        for (int i = 0; i < N; i++) {
-            k->copy(kvcache_k(c->kc, c->row_kvseq[i], l, c->pos[i]), a->k + (size_t)i * KVd, KVd * sizeof(float));
-            k->copy(kvcache_v(c->kc, c->row_kvseq[i], l, c->pos[i]), a->v + (size_t)i * KVd, KVd * sizeof(float));
+        // Append the rows' K/V to the cache: one backend copy per run of rows that are contiguous
+        // in the pool (same sequence, consecutive positions, one block), so a prefill chunk takes
+        // a few copies and a decode row one.
+        int bs = kvcache_block_size(c->kc);
+        for (int i = 0, j; i < N; i = j) {
+            for (j = i + 1; j < N && c->row_kvseq[j] == c->row_kvseq[i] && c->pos[j] == c->pos[j - 1] + 1 &&
+                            c->pos[j] % bs != 0;
+                 j++) {
+            }
+            size_t bytes = (size_t)(j - i) * KVd * sizeof(float);
+            k->copy(kvcache_k(c->kc, c->row_kvseq[i], l, c->pos[i]), a->k + (size_t)i * KVd, bytes);
+            k->copy(kvcache_v(c->kc, c->row_kvseq[i], l, c->pos[i]), a->v + (size_t)i * KVd, bytes);
         }
         kvcache_view_t v = kvcache_layer_view(c->kc, c->row_kvseq[0], l);
         kern_paged_attn_t pa = *c->paged;
@@ -190,6 +210,9 @@ int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, flo
     const kernels_t *k = e->k;
     const hf_config_t *cf = &e->m->cfg;
     if (n <= 0) return err_set(err, "engine_step: empty batch");
+    if (kvcache_backend(kc) != k)
+        return err_set(err, "engine_step: the KV cache lives in %s backend memory but the model runs on %s "
+                       "(make the cache with kvcache_new_on(model->k, ...))", kvcache_backend(kc)->name, k->name);
     int N = 0, need = 0;
     for (int i = 0; i < n; i++) {
         const engine_seq_t *s = &seqs[i];
@@ -197,6 +220,9 @@ int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, flo
         if (s->slot >= 0 && !lora_pool_get(e->pool, s->slot))
             return err_set(err, "engine_step: sequence %d uses adapter slot %d, which is empty", i, s->slot);
         if (s->slot < -1) return err_set(err, "engine_step: sequence %d has invalid slot %d", i, s->slot);
+        if (s->slot >= 0 && lora_pool_get(e->pool, s->slot)->k != k)
+            return err_set(err, "engine_step: the adapter in slot %d lives in %s backend memory but the model "
+                           "runs on %s", s->slot, lora_pool_get(e->pool, s->slot)->k->name, k->name);
         int len = kvcache_seq_len(kc, s->kv_seq);
         if (len + s->n_tokens > cf->max_position_embeddings)
             return err_set(err, "engine_step: sequence %d would reach position %d; the model supports %d", i,
@@ -273,10 +299,17 @@ int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, flo
             for (int t = 0; t < s->n_tokens; t++) e->lrow[M++] = e->seq_row0[i] + t;
     }
     if (M == 0) return 0;
+    // Gather the rows (the embed op is a row gather by host indices: out[r] = table[lrow[r]]).
     float *xg = a.xn1;   // free by now, N*D floats; rmsnorm works in place (element-wise)
-    for (int r = 0; r < M; r++) k->copy(xg + (size_t)r * D, a.x_in + (size_t)e->lrow[r] * D, sizeof(float) * D);
+    k->embed(xg, a.x_in, e->lrow, M, D);
     k->rmsnorm(xg, NULL, xg, e->m->w.final_norm, M, D, cf->rms_norm_eps);
-    k->gemm(false, true, M, cf->vocab_size, D, 1.0f, xg, D, e->m->w.lm_head, D, 0.0f, logits, cf->vocab_size);
+    // The caller's logits are host memory: the head writes backend memory and the M rows are
+    // copied with to_host. Host memory is the CPU backend's memory, so there the head writes the
+    // caller's buffer directly (no copy of M * vocab floats on the CPU's decode path).
+    size_t V = (size_t)cf->vocab_size;
+    float *dl = k == kernels_cpu() ? logits : buf_get(k, &e->logits, (size_t)M * V);
+    k->gemm(false, true, M, cf->vocab_size, D, 1.0f, xg, D, e->m->w.lm_head, D, 0.0f, dl, cf->vocab_size);
+    if (dl != logits) k->to_host(logits, dl, sizeof(float) * (size_t)M * V);
     return 0;
 }
 
@@ -300,6 +333,9 @@ static int validate_train(engine_t *e, const engine_train_seq_t *seqs, int n, ch
                            cf->max_position_embeddings);
         if (s->slot < -1 || (s->slot >= 0 && !lora_pool_get(e->pool, s->slot)))
             return err_set(err, "training sequence %d uses adapter slot %d, which is empty", i, s->slot);
+        if (s->slot >= 0 && lora_pool_get(e->pool, s->slot)->k != e->k)
+            return err_set(err, "training sequence %d: the adapter in slot %d lives in %s backend memory but the model "
+                           "runs on %s", i, s->slot, lora_pool_get(e->pool, s->slot)->k->name, e->k->name);
         for (int t = 0; t < s->len; t++)
             if (s->tokens[t] < 0 || s->tokens[t] >= cf->vocab_size)
                 return err_set(err, "training sequence %d token %d = %d is outside the vocabulary (%d)", i, t,
@@ -550,7 +586,10 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
     bool backward = mode == RUN_TRAIN && M > 0;
     float *dxf = NULL;
     if (backward) {
-        dxf = k->alloc(sizeof(float) * (size_t)N * D * 2);
+        // (N, D) d loss / d final-norm output, rows without loss stay 0; then (N, D) dx, which
+        // rmsnorm_bwd accumulates into.
+        dxf = buf_get(k, &e->dxf, (size_t)N * D * 2);
+        k->zero(dxf, sizeof(float) * (size_t)N * D * 2);
     }
     model_weights_t gmw = {0};
     if (model_grads) model_point(&gmw, model_grads, cf);
@@ -558,15 +597,19 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
     if (!(T > 0.0f)) T = 1.0f;
     int CH = (int)((size_t)(4u << 20) / (size_t)V);
     if (CH < 1) CH = 1;
-    float *lp = xmalloc(sizeof(float) * (size_t)CH), *en = xmalloc(sizeof(float) * (size_t)CH);
-    float *dlp = xmalloc(sizeof(float) * (size_t)CH);
-    float *buf = buf_get(k, &e->logits, (size_t)CH * (V + 2 * (size_t)D));
+    // Host copies of a chunk's log-probs, entropies (lp, en: 2 * CH, one to_host) and loss
+    // gradients (dlp: to_dev); their backend twins sit behind the chunk's logits.
+    float *lp = xmalloc(sizeof(float) * (size_t)CH * 2), *dlp = xmalloc(sizeof(float) * (size_t)CH);
+    float *buf = buf_get(k, &e->logits, (size_t)CH * (V + 2 * (size_t)D + 3));
     float *logits = buf, *xg = buf + (size_t)CH * V, *dxg = xg + (size_t)CH * D;
+    float *lp_d = dxg + (size_t)CH * D, *dlp_d = lp_d + (size_t)CH * 2;
     for (int m0 = 0; m0 < M; m0 += CH) {
         int c = M - m0 < CH ? M - m0 : CH;
-        for (int r = 0; r < c; r++) k->copy(xg + (size_t)r * D, f.xf + (size_t)mrow[m0 + r] * D, sizeof(float) * D);
+        float *en = lp + c, *en_d = lp_d + c;   // lp and en adjacent: one transfer
+        k->embed(xg, f.xf, mrow + m0, c, D);    // row gather: xg[r] = xf[mrow[m0 + r]]
         k->gemm(false, true, c, V, D, 1.0f, xg, D, e->m->w.lm_head, D, 0.0f, logits, V);
-        k->token_logprobs(lp, en, logits, mtgt + m0, c, V, T);
+        k->token_logprobs(lp_d, en_d, logits, mtgt + m0, c, V, T);
+        k->to_host(lp, lp_d, sizeof(float) * (size_t)c * 2);
         if (mode == RUN_LOGPROBS) {
             for (int r = 0; r < c; r++) {
                 logp_out[mseq[m0 + r]][mt[m0 + r]] = lp[r];
@@ -618,9 +661,16 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
                 }
             }
         }
-        k->logprob_bwd(logits, dlp, mtgt + m0, c, V, T);
+        k->to_dev(dlp_d, dlp, sizeof(float) * (size_t)c);
+        k->logprob_bwd(logits, dlp_d, mtgt + m0, c, V, T);
         k->gemm(false, false, c, D, V, 1.0f, logits, V, e->m->w.lm_head, D, 0.0f, dxg, D);
-        for (int r = 0; r < c; r++) k->copy(dxf + (size_t)mrow[m0 + r] * D, dxg + (size_t)r * D, sizeof(float) * D);
+        // Scatter dxg's rows back to their rows of dxf: one copy per run of consecutive rows (the
+        // weighted tokens of a sequence usually form one run).
+        for (int r = 0, q; r < c; r = q) {
+            for (q = r + 1; q < c && mrow[m0 + q] == mrow[m0 + q - 1] + 1; q++) {
+            }
+            k->copy(dxf + (size_t)mrow[m0 + r] * D, dxg + (size_t)r * D, sizeof(float) * D * (size_t)(q - r));
+        }
         if (model_grads) k->gemm(true, false, V, D, c, 1.0f, logits, V, xg, D, 1.0f, gmw.lm_head, D);
     }
     // lora_grads needs entries only for the slots this batch uses
@@ -628,16 +678,15 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
     for (int g = 0; lora_grads && g < e->plan.n_seg; g++)
         if (e->plan.seg[g].slot >= 0) any_grad |= lora_grads[e->plan.seg[g].slot] != NULL;
     if (backward && any_grad) {
-        float *dx = dxf + (size_t)N * D;   // zero-filled by alloc
+        float *dx = dxf + (size_t)N * D;   // zeroed above
         k->rmsnorm_bwd(dx, model_grads ? gmw.final_norm : NULL, dxf, f.x_out, e->m->w.final_norm, f.rstdf, N, D);
         train_backward(e, &f, dx, model_grads, lora_grads);
     }
-    if (dxf) k->free(dxf);
     for (int g = 0; stats && g < n_groups; g++)
         if (stats[g].mismatch_tokens > 0) stats[g].mismatch /= stats[g].mismatch_tokens;
     if (stats) memcpy(out_stats, stats, sizeof(loss_stats_t) * (size_t)(n_stats < n_groups ? n_stats : n_groups));
     free(stats);
-    free(lp), free(en), free(dlp), free(mseq), free(mt), free(mrow), free(mtgt), free(gw);
+    free(lp), free(dlp), free(mseq), free(mt), free(mrow), free(mtgt), free(gw);
     free(f.layers);
     return 0;
 }

@@ -9,6 +9,14 @@
 // Row order: within a call the engine groups sequences by adapter slot (stable), so that each
 // slot's rows are contiguous and every LoRA product is one GEMM on a block of rows; results
 // are returned in the caller's order.
+//
+// Backends and memory: the engine runs on the model's kernels table (model->k: the CPU backend
+// or e.g. kernels_cuda()). Weights, adapters (every adapter in the pool must be made for the
+// same table), the KV cache's pools (kvcache_new_on(model->k, ...)), activations and gradient
+// arenas are BACKEND memory of that table; the engine touches them only through its ops. What
+// the caller passes and receives through this API is HOST memory, except where a comment says
+// "backend memory": tokens, weights, behaviour/reference log-probs, logits out, log-probs out,
+// statistics. On the CPU backend both are the same memory.
 #ifndef MARLAAS_ENGINE_H
 #define MARLAAS_ENGINE_H
 
@@ -40,9 +48,11 @@ typedef struct {
 // One continuous-batching step over n sequences (a mix of prefill chunks and decode tokens).
 // Reserves KV space for every sequence first (all or nothing: when the cache lacks blocks,
 // -1 + err and nothing changes), runs the forward, appends K/V and advances each sequence.
-// logits receives, in the caller's order, 0 / 1 / n_tokens rows of vocab floats per sequence.
-// A sequence must not appear twice in one step. Positions beyond max_position_embeddings are
-// refused.
+// logits is a HOST buffer of the caller: it receives, in the caller's order, 0 / 1 / n_tokens
+// rows of vocab floats per sequence, copied from the backend with its to_host (only the rows
+// asked for; they are complete when engine_step returns). A sequence must not appear twice in
+// one step. Positions beyond max_position_embeddings are refused, and so are a cache or an
+// adapter made for another backend than the model's.
 int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, float *logits, char *err);
 
 // --- training -------------------------------------------------------------------------------------
@@ -102,15 +112,16 @@ typedef struct {
 // Forward + backward. Losses are token means within each slot (so jobs sharing a pass do not
 // change each other's scale). Gradients ACCUMULATE into model_grads (model arena layout; NULL =
 // base frozen) and lora_grads[slot] (adapter arena layout; NULL entry or array = frozen); the
-// array needs an entry for every slot the batch uses (index = slot).
-// stats (may be NULL) receives per-group statistics at index slot + 1 (0 = base rows) for the
-// first n_stats groups (lora_pool_slots() + 1 covers every slot).
+// array needs an entry for every slot the batch uses (index = slot). model_grads and the
+// lora_grads arenas are BACKEND memory (the model's table's alloc; the array itself is host).
+// stats (host, may be NULL) receives per-group statistics at index slot + 1 (0 = base rows) for
+// the first n_stats groups (lora_pool_slots() + 1 covers every slot).
 // Returns 0 or -1 + err (bad input); nothing is accumulated on error.
 int engine_train(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cfg_t *lc, float *model_grads,
                  float *const *lora_grads, loss_stats_t *stats, int n_stats, char *err);
 
 // Forward only: logp[s][t] = log softmax(logits_{t-1} / T)[tokens[t]] for t >= 1 (logp[s][0] = 0),
-// entropy likewise when not NULL. Uses the same code path as engine_train. For a sequence with a
+// entropy likewise when not NULL (both host arrays). Uses the same code path as engine_train. For a sequence with a
 // shared prefix, logp and entropy are defined for t >= prefix_len + 1 (the tokens its own rows
 // predict) and 0 for t <= prefix_len.
 int engine_logprobs(engine_t *e, const engine_train_seq_t *seqs, int n, float temperature, float *const *logp,

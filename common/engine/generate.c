@@ -46,7 +46,7 @@ struct gen {
     int n_done, cap_done;
     engine_seq_t *rows;
     rowref_t *refs;
-    float *logits;
+    float *logits;         // HOST copy of the step's logits rows (engine_step copies them from the backend)
     int cap_rows;
     sampler_scratch_t ss;
     gen_stats_t st;

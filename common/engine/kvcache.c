@@ -26,10 +26,12 @@ typedef struct {
 } kv_seq_t;
 
 struct kvcache {
+    const kernels_t *k;   // backend holding the pools
+    bool host_pools;      // pools from pool_alloc (CPU backend), else from k->alloc
     int n_layers, kv_dim, block_size, n_blocks, max_seqs;
     size_t layer_floats;  // block_size * kv_dim: one layer of one block
     size_t block_floats;  // n_layers * layer_floats: one block, all layers
-    float *k_pool, *v_pool;
+    float *k_pool, *v_pool;   // backend memory
     int *refs;            // (n_blocks)
     int *free_blocks;     // stack of free block ids
     int n_free;
@@ -57,6 +59,15 @@ static float *pool_alloc(size_t n_floats) {
 }
 
 kvcache_t *kvcache_new(int n_layers, int kv_dim, int block_size, int n_blocks, int max_seqs, char *err) {
+    return kvcache_new_on(kernels_cpu(), n_layers, kv_dim, block_size, n_blocks, max_seqs, err);
+}
+
+kvcache_t *kvcache_new_on(const kernels_t *k, int n_layers, int kv_dim, int block_size, int n_blocks, int max_seqs,
+                          char *err) {
+    if (!k) {
+        err_set(err, "kvcache: no backend given");
+        return NULL;
+    }
     if (n_layers <= 0 || kv_dim <= 0 || block_size <= 0 || n_blocks <= 0 || max_seqs <= 0) {
         err_set(err,
                 "kvcache: invalid arguments (n_layers=%d kv_dim=%d block_size=%d n_blocks=%d max_seqs=%d), "
@@ -80,16 +91,28 @@ kvcache_t *kvcache_new(int n_layers, int kv_dim, int block_size, int n_blocks, i
                 n_blocks);
         return NULL;
     }
-    float *k_pool = pool_alloc(pool_floats);
-    float *v_pool = k_pool ? pool_alloc(pool_floats) : NULL;
-    if (!k_pool || !v_pool) {
-        free(k_pool);
-        err_set(err, "kvcache: cannot allocate %zu MiB for the K and V pools",
-                (pool_floats / (1024 * 1024)) * 2 * sizeof(float));
-        return NULL;
+    // Host memory is the CPU backend's memory (its alloc is aligned_alloc, its free is free), so
+    // for it the pools come from pool_alloc, whose failure is reportable. Another backend's alloc
+    // aborts with its own message when the device is out of memory.
+    bool host = k == kernels_cpu();
+    float *k_pool, *v_pool;
+    if (host) {
+        k_pool = pool_alloc(pool_floats);
+        v_pool = k_pool ? pool_alloc(pool_floats) : NULL;
+        if (!k_pool || !v_pool) {
+            free(k_pool);
+            err_set(err, "kvcache: cannot allocate %zu MiB for the K and V pools",
+                    (pool_floats / (1024 * 1024)) * 2 * sizeof(float));
+            return NULL;
+        }
+    } else {
+        k_pool = k->alloc(pool_floats * sizeof(float));
+        v_pool = k->alloc(pool_floats * sizeof(float));
     }
 
     kvcache_t *kc = xcalloc(1, sizeof(*kc));
+    kc->k = k;
+    kc->host_pools = host;
     kc->n_layers = n_layers;
     kc->kv_dim = kv_dim;
     kc->block_size = block_size;
@@ -119,8 +142,13 @@ void kvcache_destroy(kvcache_t **kcp) {
     free(kc->free_seqs);
     free(kc->refs);
     free(kc->free_blocks);
-    free(kc->k_pool);
-    free(kc->v_pool);
+    if (kc->host_pools) {
+        free(kc->k_pool);
+        free(kc->v_pool);
+    } else {
+        kc->k->free(kc->k_pool);
+        kc->k->free(kc->v_pool);
+    }
     free(kc);
     *kcp = NULL;
 }
@@ -241,8 +269,9 @@ int kvcache_reserve(kvcache_t *kc, int seq, int n_new, char *err) {
         // Whole block, all layers: the other owners keep the old one untouched, and the rows
         // below len (the shared prefix) must come along.
         size_t src_off = (size_t)old * kc->block_floats, dst_off = (size_t)nb * kc->block_floats;
-        memcpy(kc->k_pool + dst_off, kc->k_pool + src_off, kc->block_floats * sizeof(float));
-        memcpy(kc->v_pool + dst_off, kc->v_pool + src_off, kc->block_floats * sizeof(float));
+        // Backend memory: the backend's device-to-device copy (memcpy on the CPU backend).
+        kc->k->copy(kc->k_pool + dst_off, kc->k_pool + src_off, kc->block_floats * sizeof(float));
+        kc->k->copy(kc->v_pool + dst_off, kc->v_pool + src_off, kc->block_floats * sizeof(float));
         block_release(kc, old);
         s->table[b] = nb;
     }
@@ -285,6 +314,8 @@ kvcache_view_t kvcache_layer_view(const kvcache_t *kc, int seq, int layer) {
 }
 
 int kvcache_free_blocks(const kvcache_t *kc) { return kc->n_free; }
+
+const kernels_t *kvcache_backend(const kvcache_t *kc) { return kc->k; }
 
 int kvcache_total_blocks(const kvcache_t *kc) { return kc->n_blocks; }
 

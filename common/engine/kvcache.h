@@ -10,19 +10,35 @@
 // (layer l, position p) of a sequence is
 //   k_pool + (table[p / block_size] * n_layers + l) * block_size * kv_dim + (p % block_size) * kv_dim
 // which kvcache_layer_view() hands to attention kernels as (base, block_stride).
+//
+// Memory: the K and V pools are BACKEND memory of the kernels table the cache was made for
+// (kvcache_new: the CPU backend, i.e. host memory; kvcache_new_on: any backend, e.g. the CUDA
+// one). Row pointers (kvcache_k / kvcache_v / kvcache_layer_view) point into them and may only
+// be handed to that backend's ops (copy, attention, ...), never dereferenced on the host unless
+// the backend is the CPU one. The bookkeeping (block tables, reference counts, lengths) is host
+// memory; the block tables are what paged attention takes as its host index arrays. The engine
+// refuses a cache made for another backend than its model's.
 #ifndef MARLAAS_KVCACHE_H
 #define MARLAAS_KVCACHE_H
 
 #include <stddef.h>
 
 #include "common/util/util.h"
+#include "kernels/kernels.h"
 
 typedef struct kvcache kvcache_t;
 
 // Creates a pool of n_blocks blocks for at most max_seqs live sequences. Validates arguments
 // (all > 0) and returns NULL + err on a bad argument. Memory: 2 * n_blocks * n_layers *
 // block_size * kv_dim floats.
+// The pools are host memory (the CPU backend); running out of memory is reported (NULL + err).
 kvcache_t *kvcache_new(int n_layers, int kv_dim, int block_size, int n_blocks, int max_seqs, char *err);
+// The same with the pools in backend memory of k (k->alloc: zero-filled). For the CPU backend this
+// is kvcache_new; another backend's alloc aborts with its message when the device lacks memory.
+kvcache_t *kvcache_new_on(const kernels_t *k, int n_layers, int kv_dim, int block_size, int n_blocks, int max_seqs,
+                          char *err);
+// The backend whose memory holds the pools.
+const kernels_t *kvcache_backend(const kvcache_t *kc);
 void kvcache_destroy(kvcache_t **kc);
 
 // New empty sequence; returns its id (>= 0), or -1 + err ("too many sequences (max N)").
@@ -36,7 +52,7 @@ int kvcache_seq_len(const kvcache_t *kc, int seq);
 void kvcache_seq_truncate(kvcache_t *kc, int seq, int new_len);
 
 // Makes positions len .. len+n_new-1 of seq writable: allocates new blocks and copies the
-// last block first if it is shared and will be written into. All or nothing: when the pool
+// last block first (with the backend's copy) if it is shared and will be written into. All or nothing: when the pool
 // lacks blocks it changes nothing and returns -1 + err ("KV cache full: need N blocks, M
 // free"). Returns 0.
 int kvcache_reserve(kvcache_t *kc, int seq, int n_new, char *err);
@@ -45,7 +61,8 @@ int kvcache_blocks_needed(const kvcache_t *kc, int seq, int n_new);
 // Marks n positions (already reserved and written) as filled: len += n.
 void kvcache_advance(kvcache_t *kc, int seq, int n);
 
-// Row pointers for (layer, pos) of seq; pos must be < len + reserved capacity.
+// Row pointers for (layer, pos) of seq; pos must be < len + reserved capacity. Backend memory
+// (see the top of this file).
 float *kvcache_k(kvcache_t *kc, int seq, int layer, int pos);
 float *kvcache_v(kvcache_t *kc, int seq, int layer, int pos);
 
@@ -53,9 +70,10 @@ float *kvcache_v(kvcache_t *kc, int seq, int layer, int pos);
 // consecutive blocks (floats), the block table of seq (owned by the cache; valid until the
 // next reserve/free/truncate of that seq).
 typedef struct {
-    const float *k, *v;           // k_pool + l * block_size * kv_dim (same for v)
+    const float *k, *v;           // k_pool + l * block_size * kv_dim (same for v); backend memory
+
     size_t block_stride;          // n_layers * block_size * kv_dim
-    const int *table;             // block ids in position order
+    const int *table;             // block ids in position order (host memory)
     int block_size;
 } kvcache_view_t;
 kvcache_view_t kvcache_layer_view(const kvcache_t *kc, int seq, int layer);

@@ -84,12 +84,13 @@ typedef struct {
 int lora_plan_build(lora_plan_t *plan, const int *row_slot, int n_rows, const lora_pool_t *pool, char *err);
 void lora_plan_free(lora_plan_t *plan);
 
-// Y (N, out) += sum over segments of scale * (X A_l^T) B_l for target t at layer l.
+// Y (N, out) += sum over segments of scale * (X A_l^T) B_l for target t at layer l. X, Y, T and
+// scratch are backend memory of k (the adapters' table); the plan is host memory.
 // X is (N, in). When T is not NULL it receives the shrink outputs (N, plan->max_rank) for backward.
 void lora_forward(const kernels_t *k, const lora_plan_t *plan, const lora_pool_t *pool, int layer, lora_target_t t,
                   const float *X, int in, float *Y, int out, float *T, float *scratch);
 // Backward of lora_forward: dX (N, in) += ..., and for every segment whose slot has a gradient
-// arena in grads[slot] (same layout as the adapter; NULL = frozen) dA, dB accumulate.
+// arena in grads[slot] (same layout as the adapter, backend memory; NULL = frozen) dA, dB accumulate.
 // T are the saved shrink outputs; scratch holds N * max_rank floats.
 void lora_backward(const kernels_t *k, const lora_plan_t *plan, const lora_pool_t *pool, float *const *grads,
                    int layer, lora_target_t t, const float *X, int in, const float *dY, int out, const float *T,

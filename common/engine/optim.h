@@ -35,9 +35,10 @@ optim_t *optim_new(const optim_cfg_t *cfg, const kernels_t *k, size_t n_params);
 void optim_destroy(optim_t **o);
 // Learning rate at step s (0-based) under the schedule.
 float optim_lr(const optim_cfg_t *cfg, int64_t s);
-// Global L2 norm of grads (n floats).
+// Global L2 norm of grads (n floats, backend memory of o->k).
 double optim_grad_norm(const optim_t *o, const float *grads);
-// One AdamW step: clips by global norm, updates params, returns the pre-clip grad norm.
+// One AdamW step: clips by global norm, updates params, returns the pre-clip grad norm. params
+// and grads are n floats of backend memory of o->k (e.g. a lora_t's params and its gradient arena).
 // A non-finite gradient norm skips the update and returns it (caller decides what to do).
 double optim_step(optim_t *o, float *params, const float *grads);
 

@@ -39,7 +39,9 @@ rl_runtime_t *rl_runtime_wrap(model_t **model, tokenizer_t **tok, const rl_runti
     rt->pool = lora_pool_new(c.n_slots);
     rt->engine = engine_new(rt->model, rt->pool, err);
     if (!rt->engine) goto fail;
-    rt->kc = kvcache_new(mc->num_hidden_layers, mc->num_key_value_heads * mc->head_dim, 16, c.kv_blocks, c.max_seqs, err);
+    // The cache lives where the model computes (host memory for the CPU backend).
+    rt->kc = kvcache_new_on(rt->model->k, mc->num_hidden_layers, mc->num_key_value_heads * mc->head_dim, 16,
+                            c.kv_blocks, c.max_seqs, err);
     if (!rt->kc) goto fail;
     rt->gen = gen_new(rt->engine, rt->kc, rt->tok, c.max_batch_tokens, err);
     if (!rt->gen) goto fail;

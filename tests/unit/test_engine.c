@@ -1,6 +1,7 @@
 // test_engine.c - the engine against independent references: incremental decode vs full
 // forward, batched multi-LoRA vs one sequence at a time, forked groups vs independent
-// sequences, rollout log-probs vs trainer log-probs, and bad input.
+// sequences, rollout log-probs vs trainer log-probs, bad input, and a cache or an adapter of
+// another backend refused. (The engine on the CUDA backend: tests/gpu/test_engine.c.)
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
@@ -257,6 +258,40 @@ Test(engine, bad_input_is_refused_not_crashed) {
     loss_cfg_t lc = {.kind = LOSS_CE, .temperature = 1.0f};
     cr_assert_eq(engine_train(f.e, &ts, 1, &lc, NULL, NULL, NULL, 0, err), -1);
     cr_assert(strstr(err, "supports"), "%s", err);
+    kvcache_destroy(&kc);
+    fx_free(&f);
+}
+
+Test(engine, cache_or_adapter_of_another_backend_refused) {
+    // The CPU backend under another name: memory the engine must not mix with its model's.
+    kernels_t other = *kernels_cpu();
+    other.name = "other";
+    fx_t f = fx_new(2);
+    char err[ERR_LEN];
+    int32_t tok[4] = {1, 2, 3, 4};
+    float out[41];
+    kvcache_t *kc = kvcache_new_on(&other, f.c.num_hidden_layers, f.c.num_key_value_heads * f.c.head_dim, 4, 8, 2, err);
+    int s = kvcache_seq_new(kc, err);
+    engine_seq_t q = {.tokens = tok, .n_tokens = 4, .kv_seq = s, .slot = -1, .logits = ENGINE_LOGITS_LAST};
+    cr_assert_eq(engine_step(f.e, kc, &q, 1, out, err), -1);
+    cr_assert(strstr(err, "KV cache") && strstr(err, "other"), "%s", err);
+    cr_assert_eq(kvcache_seq_len(kc, s), 0);
+    kvcache_destroy(&kc);
+    // kvcache_new_on with the model's own table is kvcache_new
+    kc = kvcache_new_on(f.m->k, f.c.num_hidden_layers, f.c.num_key_value_heads * f.c.head_dim, 4, 8, 2, err);
+    s = kvcache_seq_new(kc, err);
+    q.kv_seq = s;
+    cr_assert_eq(engine_step(f.e, kc, &q, 1, out, err), 0, "%s", err);
+    peft_config_t pc = {.r = 2, .alpha = 4.0f, .targets = LORA_ALL_TARGETS};
+    lora_t *a = lora_new(&f.c, &pc, &other, 3, err);
+    cr_assert_eq(lora_pool_set(f.pool, 1, &a, err), 0, "%s", err);
+    q = (engine_seq_t){.tokens = tok, .n_tokens = 1, .kv_seq = s, .slot = 1, .logits = ENGINE_LOGITS_LAST};
+    cr_assert_eq(engine_step(f.e, kc, &q, 1, out, err), -1);
+    cr_assert(strstr(err, "adapter in slot 1") && strstr(err, "other"), "%s", err);
+    engine_train_seq_t ts = {.tokens = tok, .len = 4, .slot = 1};
+    loss_cfg_t lc = {.kind = LOSS_CE, .temperature = 1.0f};
+    cr_assert_eq(engine_train(f.e, &ts, 1, &lc, NULL, NULL, NULL, 0, err), -1);
+    cr_assert(strstr(err, "adapter in slot 1") && strstr(err, "other"), "%s", err);
     kvcache_destroy(&kc);
     fx_free(&f);
 }

@@ -420,3 +420,46 @@ Test(kvcache, random_ops_keep_accounting_and_data) {
     cr_assert_eq(kvcache_live_seqs(kc), 0);
     kvcache_destroy(&kc);
 }
+
+// A backend that is the CPU one under another name, counting its memory calls: a cache made for
+// it takes its pools from its alloc, copies shared blocks with its copy and frees with its free.
+static int fake_allocs, fake_frees, fake_copies;
+static void *fake_alloc(size_t n) {
+    fake_allocs++;
+    return kernels_cpu()->alloc(n);
+}
+static void fake_free(void *p) {
+    fake_frees++;
+    kernels_cpu()->free(p);
+}
+static void fake_copy(void *dst, const void *src, size_t n) {
+    fake_copies++;
+    kernels_cpu()->copy(dst, src, n);
+}
+
+Test(kvcache, pools_live_in_the_given_backend) {
+    kernels_t fake = *kernels_cpu();
+    fake.name = "fake";
+    fake.alloc = fake_alloc;
+    fake.free = fake_free;
+    fake.copy = fake_copy;
+    char err[ERR_LEN] = "";
+    cr_assert_null(kvcache_new_on(NULL, L, D, BS, 8, 4, err));
+    kvcache_t *kc = kvcache_new_on(&fake, L, D, BS, 16, 4, err);
+    cr_assert_not_null(kc, "%s", err);
+    cr_assert_eq(kvcache_backend(kc), &fake);
+    cr_assert_eq(fake_allocs, 2, "K and V pools from the backend's alloc");
+    int src = kvcache_seq_new(kc, err);
+    append(kc, src, 6, 0);
+    int fk = kvcache_seq_fork(kc, src, err);
+    cr_assert_eq(fake_copies, 0);
+    append(kc, fk, 1, 50);   // lands in the shared partial block: copy on write
+    cr_assert_eq(fake_copies, 2, "the shared block's K and V copied with the backend's copy");
+    for (int pos = 0; pos < 6; pos++) cr_assert(row_is(kc, fk, pos, pos) && row_is(kc, src, pos, pos));
+    cr_assert(row_is(kc, fk, 6, 50));
+    kvcache_destroy(&kc);
+    cr_assert_eq(fake_frees, 2);
+    kvcache_t *host = kvcache_new(L, D, BS, 4, 2, err);
+    cr_assert_eq(kvcache_backend(host), kernels_cpu());
+    kvcache_destroy(&host);
+}

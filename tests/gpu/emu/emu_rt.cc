@@ -6,6 +6,13 @@
 #include <map>
 #include <vector>
 
+#ifdef EMU_STRICT
+#include <execinfo.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
 dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 [[noreturn]] static void fail(const char *what) {
@@ -25,6 +32,138 @@ static bool is_dev(const void *p, size_t n) {
     --it;
     return a >= it->first && a + n <= it->first + it->second;
 }
+
+bool emu_is_dev(const void *p) { return is_dev(p, 1); }
+
+void emu_fail_arg(const char *kernel, int index, const void *p) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "launch of %s: pointer argument %d (%p) is not device memory", kernel, index, p);
+    fail(msg);
+}
+
+#ifdef EMU_STRICT
+// --- strict host/device separation (see emu_rt.h) ------------------------------------------------------
+// One arena of address space; device memory is readable only inside an open scope (dev_scope),
+// which every emulated operation on device memory holds for its duration.
+
+static char *arena;
+static size_t arena_cap;                        // bytes reserved
+static size_t arena_top;                        // bump pointer (bytes used from the start)
+static size_t arena_prot;                       // page-rounded prefix whose protection is toggled
+static std::map<size_t, size_t> free_ranges;    // offset -> bytes, coalesced, below arena_top
+static int open_depth;
+static struct sigaction old_segv;
+static const size_t ALIGN = 256;
+
+static void set_prot(size_t from, size_t to, int prot) {
+    if (to > from && mprotect(arena + from, to - from, prot) != 0) fail("mprotect of the device arena failed");
+}
+
+static void on_segv(int sig, siginfo_t *si, void *uctx) {
+    (void)sig, (void)uctx;
+    uintptr_t a = (uintptr_t)si->si_addr, base = (uintptr_t)arena;
+    if (arena && a >= base && a < base + arena_cap) {
+        char buf[512];
+        uintptr_t ab = 0;
+        size_t an = 0;
+        auto it = allocs.upper_bound(a);
+        if (it != allocs.begin()) {
+            --it;
+            if (a < it->first + it->second) ab = it->first, an = it->second;
+        }
+        int n = ab ? snprintf(buf, sizeof buf,
+                              "EMU strict: the host touched emulated DEVICE memory at %p (byte %zu of the %zu-byte "
+                              "cudaMalloc block at %p) outside any kernel, SGEMM or memcpy: host code must go "
+                              "through the backend's to_host / to_dev / copy. Backtrace:\n",
+                              (void *)a, (size_t)(a - ab), an, (void *)ab)
+                   : snprintf(buf, sizeof buf,
+                              "EMU strict: the host touched emulated DEVICE memory at %p (not inside a live "
+                              "allocation: freed or never allocated) outside any kernel, SGEMM or memcpy. "
+                              "Backtrace:\n",
+                              (void *)a);
+        if (n < 0) n = 0;
+        if ((size_t)n >= sizeof buf) n = (int)sizeof buf - 1;
+        ssize_t w = write(2, buf, (size_t)n);
+        (void)w;
+        void *bt[64];
+        int k = backtrace(bt, 64);
+        backtrace_symbols_fd(bt, k, 2);
+    }
+    // Back to the previous disposition: returning re-runs the faulting access, which now takes it
+    // (the default: the process dies of SIGSEGV, which the test runner reports as a crash).
+    sigaction(SIGSEGV, &old_segv, nullptr);
+}
+
+static void arena_init(void) {
+    if (arena) return;
+    const char *e = getenv("EMU_ARENA_GB");
+    size_t gb = e && atol(e) > 0 ? (size_t)atol(e) : 16;
+    arena_cap = gb << 30;
+    void *p = mmap(nullptr, arena_cap, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) fail("mmap of the device arena failed (set EMU_ARENA_GB lower)");
+    arena = (char *)p;
+    void *bt[2];
+    backtrace(bt, 2);   // loads libgcc now, not inside the signal handler
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &old_segv);
+}
+
+struct dev_scope {
+    dev_scope() {
+        if (open_depth++ == 0) set_prot(0, arena_prot, PROT_READ | PROT_WRITE);
+    }
+    ~dev_scope() {
+        if (--open_depth == 0) set_prot(0, arena_prot, PROT_NONE);
+    }
+};
+
+static void *arena_alloc(size_t n) {
+    arena_init();
+    n = (n + ALIGN - 1) & ~(ALIGN - 1);
+    for (auto it = free_ranges.begin(); it != free_ranges.end(); ++it)
+        if (it->second >= n) {   // first fit
+            size_t off = it->first, left = it->second - n;
+            free_ranges.erase(it);
+            if (left) free_ranges[off + n] = left;
+            return arena + off;
+        }
+    if (arena_top + n > arena_cap) fail("out of emulated device memory (raise EMU_ARENA_GB)");
+    size_t off = arena_top;
+    arena_top += n;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), prot = (arena_top + page - 1) & ~(page - 1);
+    if (prot > arena_prot) {
+        if (open_depth > 0) set_prot(arena_prot, prot, PROT_READ | PROT_WRITE);
+        arena_prot = prot;
+    }
+    return arena + off;
+}
+
+static void arena_free(void *p, size_t n) {
+    size_t off = (size_t)((char *)p - arena);
+    n = (n + ALIGN - 1) & ~(ALIGN - 1);
+    auto next = free_ranges.lower_bound(off);
+    if (next != free_ranges.end() && off + n == next->first) {   // merge with the following range
+        n += next->second;
+        next = free_ranges.erase(next);
+    }
+    if (next != free_ranges.begin()) {                           // merge with the preceding range
+        auto prev = std::prev(next);
+        if (prev->first + prev->second == off) {
+            prev->second += n;
+            return;
+        }
+    }
+    free_ranges[off] = n;
+}
+#else
+struct dev_scope {
+    dev_scope() {}   // user-provided: no unused-variable warning where it is declared
+};
+#endif
 
 cudaError_t cudaGetDeviceCount(int *n) {
     *n = 1;
@@ -52,16 +191,31 @@ cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 
 cudaError_t cudaMalloc(void **p, size_t n) {
     if (n == 0) fail("cudaMalloc of 0 bytes");
+#ifdef EMU_STRICT
+    *p = arena_alloc(n);
+#else
     *p = malloc(n);
     if (!*p) fail("out of memory");
+#endif
+    dev_scope open;
     memset(*p, 0xff, n);
     allocs[(uintptr_t)*p] = n;
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
     if (!p) return cudaSuccess;
-    if (!allocs.erase((uintptr_t)p)) fail("cudaFree of a pointer cudaMalloc did not return");
+    auto it = allocs.find((uintptr_t)p);
+    if (it == allocs.end()) fail("cudaFree of a pointer cudaMalloc did not return");
+#ifdef EMU_STRICT
+    {
+        dev_scope open;
+        memset(p, 0xfe, it->second);
+    }
+    arena_free(p, it->second);
+#else
     free(p);
+#endif
+    allocs.erase(it);
     return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) {
@@ -79,11 +233,13 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
     if (kind == cudaMemcpyHostToDevice && (!dd || sd)) fail("host-to-device copy between the wrong kinds of memory");
     if (kind == cudaMemcpyDeviceToHost && (dd || !sd)) fail("device-to-host copy between the wrong kinds of memory");
     if (kind == cudaMemcpyDeviceToDevice && (!dd || !sd)) fail("device-to-device copy of non-device memory");
+    dev_scope open;
     memmove(dst, src, n);
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
     if (!is_dev(p, n)) fail("memset of non-device memory");
+    dev_scope open;
     memset(p, v, n);
     return cudaSuccess;
 }
@@ -110,6 +266,9 @@ cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation
         ldc < (m > 1 ? m : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
     if (!is_dev(C, sizeof(float))) fail("cublasSgemm: C is not device memory");
+    if (k > 0 && (!is_dev(A, sizeof(float)) || !is_dev(B, sizeof(float))))
+        fail("cublasSgemm: A or B is not device memory");
+    dev_scope open;
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
             float s = 0.0f;
@@ -232,6 +391,7 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> f) {
     if (nt < 32 || nt > 1024 || nt % 32) fail("block size not a multiple of 32 in 32..1024");
     blockDim = block;
     gridDim = grid;
+    dev_scope open;
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {

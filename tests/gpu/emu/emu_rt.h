@@ -9,9 +9,22 @@
 // and filled with 0xff (NaN) by cudaMalloc. cuBLAS SGEMM is a plain column-major loop.
 //
 // What it checks: the kernels' indexing and semantics against the CPU backend, uniform use of
-// barriers and shuffles, out-of-bounds accesses (with the ASan build). What it cannot check: the
-// memory model (races between threads that a real GPU would expose), performance, real CUDA or
-// cuBLAS behaviour. It is a development aid, not a substitute for tests/gpu/run.sh on a GPU.
+// barriers and shuffles, out-of-bounds accesses (with the ASan build), that every pointer
+// argument of a kernel launch and of SGEMM is device memory (a host buffer handed to a kernel
+// aborts with the kernel's name). What it cannot check: the memory model (races between threads
+// that a real GPU would expose), performance, real CUDA or cuBLAS behaviour. It is a development
+// aid, not a substitute for tests/gpu/run.sh on a GPU.
+//
+// STRICT HOST/DEVICE SEPARATION (emu_rt.cc compiled with -DEMU_STRICT=1): device memory then lives
+// in one mmap'ed arena (EMU_ARENA_GB GiB of address space, default 16, reserved without backing)
+// carved by a first-fit allocator (free ranges coalesced, 256-byte alignment). The arena is
+// PROT_NONE except while an emulated kernel launch, SGEMM, memcpy, memset, cudaMalloc or cudaFree
+// runs (they open it read-write for their duration), so any direct host dereference of device
+// memory (host code reading a weight, a logits row, a gradient) dies with SIGSEGV; a SIGSEGV
+// handler first prints "EMU strict: the host touched emulated DEVICE memory at ..." with the
+// allocation it falls in and a backtrace (link with -rdynamic for function names). Freed device
+// memory is filled with 0xfe bytes, so a kernel reading it after a free sees garbage. Launches
+// must come from one thread at a time in this mode (the protection is process-wide).
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -128,5 +141,20 @@ static inline unsigned __float_as_uint(float f) {
     return u;
 }
 
-// kernel<<<grid, block, 0, stream>>>(args) becomes emu_launch(grid, block, [&] { kernel(args); }).
+// kernel<<<grid, block, 0, stream>>>(args) becomes
+//   emu_launch_args(grid, block, [&] { kernel(args); }, "kernel", args)
+// which checks that every pointer argument is NULL or device memory, then runs emu_launch.
 void emu_launch(dim3 grid, dim3 block, std::function<void()> body);
+bool emu_is_dev(const void *p);
+[[noreturn]] void emu_fail_arg(const char *kernel, int index, const void *p);
+template <class T> static inline void emu_check_arg(const char *, int, const T &) {}
+template <class T> static inline void emu_check_arg(const char *kernel, int index, T *const &p) {
+    if (p && !emu_is_dev((const void *)p)) emu_fail_arg(kernel, index, (const void *)p);
+}
+template <class... A>
+static inline void emu_launch_args(dim3 grid, dim3 block, std::function<void()> body, const char *kernel,
+                                   const A &...args) {
+    int i = 0;
+    (emu_check_arg(kernel, i++, args), ...);
+    emu_launch(grid, block, std::move(body));
+}
