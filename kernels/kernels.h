@@ -6,12 +6,14 @@
 // This header knows nothing of the rest of the project: kernels use nothing of ours.
 //
 // Host and device memory (what a GPU backend such as `cuda` expects): every float tensor argument
-// is backend memory from alloc; the small index and metadata arrays are HOST memory, since the
-// engine builds them on the host every step: int32 tokens / targets / pos, the paged arguments'
-// seq_of, pos, tables (the pointer array and every table), the packed arguments' start, len,
-// pre_start, pre_len, and the kern_lora_seg_t array itself (its A and B point to backend memory).
-// A GPU backend copies them to the device itself during the call; the caller may reuse them as
-// soon as the call returns. Details: kernels/cuda/cuda.h.
+// (and every bf16 tensor: gemm_bf16w's W, to_bf16, from_bf16) is backend memory from alloc; the
+// small index and metadata arrays are HOST memory, since the engine builds them on the host every
+// step: int32 tokens / targets / pos, the paged arguments' seq_of, pos, tables (the pointer array
+// and every table), the packed arguments' start, len, pre_start, pre_len, the kern_lora_seg_t
+// array itself (its A and B point to backend memory), and sample's per-row parameters
+// (temperature, top_k, top_p, u). A GPU backend copies them to the device itself during the call;
+// the caller may reuse them as soon as the call returns. sample's outputs (tokens, logprobs) are
+// HOST arrays too, filled when the call returns. Details: kernels/cuda/cuda.h.
 #ifndef MARLAAS_KERNELS_H
 #define MARLAAS_KERNELS_H
 
@@ -75,6 +77,18 @@ typedef struct kernels {
     // C (M,N) = alpha * op(A) op(B) + beta * C; op(A) is (M,K), op(B) is (K,N).
     void (*gemm)(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc);
+    // bf16 weights: C (M,N) = alpha * X W^T + beta * C, X (M,K) fp32 with row stride ldx, W (N,K)
+    // bf16 (uint16_t bit patterns, see to_bf16) with row stride ldw, fp32 accumulation. X, W, C
+    // are backend memory. beta = 0 overwrites C (NaN in C is not propagated); K = 0 gives beta * C.
+    // The CPU backend uses X exactly; a GPU backend may round X to bf16 first (cuda does: see
+    // kernels/cuda/cuda.h for its precision).
+    void (*gemm_bf16w)(int M, int N, int K, float alpha, const float *X, int ldx, const uint16_t *W, int ldw,
+                       float beta, float *C, int ldc);
+    // dst (n) = bf16(src): round to nearest, ties to even; overflow gives +-inf, NaN stays NaN
+    // (quiet, sign and upper payload kept), subnormals rounded like normals (no flush to zero).
+    void (*to_bf16)(uint16_t *dst, const float *src, size_t n);
+    // dst (n) = the fp32 value of src (exact).
+    void (*from_bf16)(float *dst, const uint16_t *src, size_t n);
     // y += alpha * x (n)
     void (*axpy)(size_t n, float alpha, const float *x, float *y);
     void (*scale)(size_t n, float alpha, float *x);
@@ -127,6 +141,27 @@ typedef struct kernels {
     // In place: logits[r] <- dlogp[r] * (onehot(target[r]) - softmax(logits[r]/T)) / T,
     // i.e. the gradient of sum_r dlogp[r] * logp[r] with respect to the logits.
     void (*logprob_bwd)(float *logits, const float *dlogp, const int32_t *target, int n, int V, float T);
+
+    // --- sampling -----------------------------------------------------------------------------
+    // For each row r of logits (n, V) (backend memory), exactly what common/engine/sampler.c's
+    // sampler_sample does with params {temperature[r], top_k[r], top_p[r]}: tokens[r] = the
+    // sampled id, logprobs[r] = its log-prob under softmax(logits[r] / T) over the full vocabulary
+    // (T = 1 for greedy rows; log-sum-exp in double). temperature <= 0 (or NaN): greedy, the
+    // lowest id among the largest non-NaN logits. Otherwise temperature, then top-k (<= 0 or
+    // >= V: off), then top-p (>= 1 or NaN: off; relative to what top-k kept), renormalised, drawn by
+    // inverse CDF with u[r] in the sampler's candidate order.
+    // RNG: sampler_sample draws exactly one rng_uniform per non-greedy sample and none for a
+    // greedy one; the caller draws it (u[r] = rng_uniform(&rng_of_row_r) for rows with
+    // temperature > 0; u[r] is ignored otherwise), so the RNG and its determinism stay on the
+    // host and the stream of draws is the one sampler_sample would make. Must be in [0, 1).
+    // temperature, top_k, top_p, u (n) are HOST arrays; tokens and logprobs (n) are HOST outputs
+    // (logprobs may be NULL), written before the call returns (a GPU backend synchronises).
+    // Rows with NaN or +inf logits, or only -inf ones, get an unspecified token in 0..V-1 and a
+    // NaN log-prob. The CPU backend performs the sampler's very operations; a GPU backend may
+    // pick another token in threshold cases only (u * mass within rounding of a boundary: see
+    // kernels/cuda/cuda.h).
+    void (*sample)(int32_t *tokens, float *logprobs, const float *logits, int n, int V, const float *temperature,
+                   const int *top_k, const float *top_p, const float *u);
 
     // --- optimizer ------------------------------------------------------------------------
     // AdamW with decoupled weight decay on n parameters:

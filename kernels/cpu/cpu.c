@@ -3,6 +3,7 @@
 // every other backend is tested against these functions.
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,125 @@ static void cpu_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const f
     }
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
                 B, ldb, beta, C, ldc);
+}
+
+// --- bf16 ------------------------------------------------------------------------------------
+// bf16 is the upper half of an fp32: 1 sign, 8 exponent, 7 mantissa bits, stored as uint16_t.
+
+// Round to nearest, ties to even (adding 0x7fff plus the kept part's lowest bit carries into the
+// kept half exactly when the dropped half is above the midpoint, or at it with an odd kept half);
+// finite values too large round to +-inf like any IEEE rounding. NaN: the top half with the quiet
+// bit set, so that a NaN whose payload sits only in the dropped bits does not become inf.
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static void cpu_to_bf16(uint16_t *dst, const float *src, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i]);
+}
+
+static void cpu_from_bf16(float *dst, const uint16_t *src, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(src[i]);
+}
+
+// The fp32 copy of a block of W rows (gemm_bf16w): one grow-only buffer per calling thread,
+// freed when the thread exits (a pthread key's destructor; the main thread's stays reachable).
+static pthread_key_t bf16_buf_key;
+static pthread_once_t bf16_buf_once = PTHREAD_ONCE_INIT;
+static _Thread_local float *bf16_buf;
+static _Thread_local size_t bf16_buf_cap;
+
+static void bf16_buf_key_init(void) {
+    if (pthread_key_create(&bf16_buf_key, free) != 0) {
+        fprintf(stderr, "FATAL pthread_key_create failed at %s:%d\n", __FILE__, __LINE__);
+        abort();
+    }
+}
+
+static float *bf16_scratch(size_t n) {
+    if (n > bf16_buf_cap) {
+        pthread_once(&bf16_buf_once, bf16_buf_key_init);
+        free(bf16_buf);
+        bf16_buf = NULL;
+        bf16_buf_cap = 0;
+        size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
+        bf16_buf = aligned_alloc(64, bytes);
+        if (!bf16_buf) {
+            fprintf(stderr, "FATAL out of memory allocating %zu bytes at %s:%d\n", bytes, __FILE__, __LINE__);
+            abort();
+        }
+        bf16_buf_cap = n;
+        pthread_setspecific(bf16_buf_key, bf16_buf);
+    }
+    return bf16_buf;
+}
+
+static inline __attribute__((always_inline)) float dot_bf16(const float *restrict x, const uint16_t *restrict w,
+                                                            int n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) s += x[i] * bf16_to_f32(w[i]);
+    return s;
+}
+
+// Up to BF16_SMALL_M rows of X (decode): one pass over W converting on the fly (half the bytes
+// of an fp32 W; measured faster than sgemm on an fp32 W up to ~8 rows), threads over W's rows.
+// More rows: W converted block by block (at least BF16_MIN_ROWS rows, about BF16_BLOCK_FLOATS
+// floats, 4 MiB) into the calling thread's buffer, each block multiplied by OpenBLAS sgemm.
+// Extra cost against sgemm on an fp32 W: one read of W and one write of its fp32 copy per call,
+// O(N K) against the product's O(M N K) (measured, 1 thread, 512x896x896: ~0.2 ms, ~3% of the
+// product), plus the thread's buffer.
+#define BF16_SMALL_M 8
+#define BF16_BLOCK_FLOATS (1024 * 1024)
+#define BF16_MIN_ROWS 256
+
+static void cpu_gemm_bf16w(int M, int N, int K, float alpha, const float *X, int ldx, const uint16_t *W, int ldw,
+                           float beta, float *C, int ldc) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+        return;
+    }
+    if (M <= BF16_SMALL_M) {
+#pragma omp parallel for schedule(static) if ((size_t)N * K > 65536)
+        for (int j = 0; j < N; j++) {
+            const uint16_t *wj = W + (size_t)j * ldw;
+            for (int i = 0; i < M; i++) {
+                float s = alpha * dot_bf16(X + (size_t)i * ldx, wj, K);
+                float *c = C + (size_t)i * ldc + j;
+                *c = beta == 0.0f ? s : s + beta * *c;
+            }
+        }
+        return;
+    }
+    int nb = BF16_BLOCK_FLOATS / K;
+    nb = nb < BF16_MIN_ROWS ? BF16_MIN_ROWS : nb & ~15;
+    if (nb > N) nb = N;
+    float *buf = bf16_scratch((size_t)nb * K);
+    for (int j0 = 0; j0 < N; j0 += nb) {
+        int rows = N - j0 < nb ? N - j0 : nb;
+#pragma omp parallel for schedule(static) if ((size_t)rows * K > 65536)
+        for (int j = 0; j < rows; j++) {
+            const uint16_t *wj = W + (size_t)(j0 + j) * ldw;
+            float *bj = buf + (size_t)j * K;
+            for (int k = 0; k < K; k++) bj[k] = bf16_to_f32(wj[k]);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, rows, K, alpha, X, ldx, buf, K, beta, C + j0, ldc);
+    }
 }
 
 static void cpu_axpy(size_t n, float alpha, const float *x, float *y) {
@@ -570,6 +690,171 @@ static void cpu_logprob_bwd(float *logits, const float *dlogp, const int32_t *ta
     }
 }
 
+// --- sampling ----------------------------------------------------------------------------------
+// A copy of common/engine/sampler.c's sampler_sample (kernels use nothing of the rest of the
+// project), operation for operation: the same float weights, the same double sums in the same
+// order, the same heaps and so the same candidate order for the inverse-CDF draw, whose uniform
+// number comes from the caller instead of the RNG. tests/unit/test_kernel_ops.c checks that both
+// give the same tokens and log-probs; keep the two in step.
+
+// Fills w[j] = exp(z_j/T - m) (when w is not NULL) and returns log sum_j exp(z_j/T - m) + m;
+// *wsum receives the sum of the stored float weights.
+static double smp_tempered_lse(const float *logits, int vocab, double temp, float *w, double *wsum) {
+    float zmax = logits[0];
+    for (int j = 1; j < vocab; j++)
+        if (logits[j] > zmax) zmax = logits[j];
+    double m = (double)zmax / temp;
+    double sum = 0.0, fsum = 0.0;
+    for (int j = 0; j < vocab; j++) {
+        double e = exp((double)logits[j] / temp - m);
+        sum += e;
+        if (w) {
+            w[j] = (float)e;
+            fsum += (double)w[j];
+        }
+    }
+    if (wsum) *wsum = fsum;
+    return m + log(sum);
+}
+
+// Strict total order on tokens: higher weight first, lower id first on equal weight.
+static bool smp_better(const float *w, int a, int b) { return w[a] > w[b] || (w[a] == w[b] && a < b); }
+
+static bool smp_above(const float *w, int a, int b, bool best_root) {
+    return best_root ? smp_better(w, a, b) : smp_better(w, b, a);
+}
+
+static void smp_sift_down(const float *w, int *h, int n, int i, bool best_root) {
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && smp_above(w, h[c + 1], h[c], best_root)) c++;
+        if (!smp_above(w, h[c], h[i], best_root)) return;
+        int t = h[i];
+        h[i] = h[c];
+        h[c] = t;
+        i = c;
+    }
+}
+
+static void smp_heapify(const float *w, int *h, int n, bool best_root) {
+    for (int i = n / 2 - 1; i >= 0; i--) smp_sift_down(w, h, n, i, best_root);
+}
+
+// Leaves the k best tokens of 0..vocab-1 in h[0..k) (a heap, worst at the root).
+static void smp_top_k(const float *w, int vocab, int k, int *h) {
+    for (int j = 0; j < k; j++) h[j] = j;
+    smp_heapify(w, h, k, false);
+    for (int j = k; j < vocab; j++) {
+        if (smp_better(w, j, h[0])) {
+            h[0] = j;
+            smp_sift_down(w, h, k, 0, false);
+        }
+    }
+}
+
+// The smallest best-first prefix of the n candidates in h whose weight reaches top_p * mass ends
+// up in h[*first..n), worst first; returns its weight.
+static double smp_top_p(const float *w, int *h, int n, double mass, float top_p, int *first) {
+    double target = (double)top_p * mass;
+    double cum = 0.0;
+    smp_heapify(w, h, n, true);
+    int m = n;
+    while (m > 0) {
+        int best = h[0];
+        h[0] = h[m - 1];
+        h[m - 1] = best;
+        m--;
+        smp_sift_down(w, h, m, 0, true);
+        cum += (double)w[best];
+        if (cum >= target) break;
+    }
+    *first = m;
+    return cum;
+}
+
+static int smp_argmax(const float *logits, int vocab) {
+    int best = 0;
+    for (int j = 1; j < vocab; j++)
+        if (logits[j] > logits[best] || (isnan(logits[best]) && !isnan(logits[j]))) best = j;
+    return best;
+}
+
+// Inverse-CDF draw with the uniform u over the candidates ids[0..n) (ids NULL: 0..n-1) of total
+// weight mass; zero weights are never chosen; past the end (rounding), the last positive one.
+static int smp_draw(const float *w, const int *ids, int n, double mass, float u) {
+    double target = (double)u * mass;
+    double cum = 0.0;
+    int last = -1;
+    for (int i = 0; i < n; i++) {
+        int id = ids ? ids[i] : i;
+        if (!(w[id] > 0)) continue;
+        cum += (double)w[id];
+        last = id;
+        if (cum > target) return id;
+    }
+    return last >= 0 ? last : (ids ? ids[0] : 0);
+}
+
+// One row; w (V floats) and idx (V ints) are scratch.
+static int32_t sample_row(const float *logits, int vocab, float temperature, int top_k, float top_p, float u,
+                          float *w, int *idx, float *logprob) {
+    if (!(temperature > 0)) {
+        int tok = smp_argmax(logits, vocab);
+        double lse = smp_tempered_lse(logits, vocab, 1.0, NULL, NULL);
+        *logprob = (float)((double)logits[tok] / 1.0 - lse);
+        return tok;
+    }
+    double temp = (double)temperature;
+    double mass;
+    double lse = smp_tempered_lse(logits, vocab, temp, w, &mass);
+    const int *ids = NULL;
+    int n = vocab;
+    if (top_k > 0 && top_k < vocab) {
+        smp_top_k(w, vocab, top_k, idx);
+        ids = idx;
+        n = top_k;
+        mass = 0.0;
+        for (int i = 0; i < n; i++) mass += (double)w[ids[i]];
+    }
+    if (top_p < 1.0f) {
+        if (!ids) {
+            for (int j = 0; j < vocab; j++) idx[j] = j;
+            ids = idx;
+        }
+        int first;
+        mass = smp_top_p(w, idx, n, mass, top_p, &first);
+        ids = idx + first;
+        n -= first;
+    }
+    int tok = smp_draw(w, ids, n, mass, u);
+    *logprob = (float)((double)logits[tok] / temp - lse);
+    return tok;
+}
+
+// Rows in parallel, each with its thread's scratch: results do not depend on the thread count.
+static void cpu_sample(int32_t *tokens, float *logprobs, const float *logits, int n, int V, const float *temperature,
+                       const int *top_k, const float *top_p, const float *u) {
+    if (n <= 0 || V <= 0) return;
+#pragma omp parallel if (n > 1)
+    {
+        float *w = malloc(sizeof(float) * (size_t)V);
+        int *idx = malloc(sizeof(int) * (size_t)V);
+        if (!w || !idx) {
+            fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
+            abort();
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int r = 0; r < n; r++) {
+            float lp;
+            tokens[r] = sample_row(logits + (size_t)r * V, V, temperature[r], top_k[r], top_p[r], u[r], w, idx, &lp);
+            if (logprobs) logprobs[r] = lp;
+        }
+        free(w);
+        free(idx);
+    }
+}
+
 // --- optimizer -------------------------------------------------------------------------------
 
 static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
@@ -593,6 +878,9 @@ static const kernels_t cpu_kernels = {
     .copy = cpu_copy,
     .zero = cpu_zero,
     .gemm = cpu_gemm,
+    .gemm_bf16w = cpu_gemm_bf16w,
+    .to_bf16 = cpu_to_bf16,
+    .from_bf16 = cpu_from_bf16,
     .axpy = cpu_axpy,
     .scale = cpu_scale,
     .sumsq = cpu_sumsq,
@@ -613,6 +901,7 @@ static const kernels_t cpu_kernels = {
     .lora_expand = cpu_lora_expand,
     .token_logprobs = cpu_token_logprobs,
     .logprob_bwd = cpu_logprob_bwd,
+    .sample = cpu_sample,
     .adamw = cpu_adamw,
 };
 

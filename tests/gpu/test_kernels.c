@@ -197,7 +197,8 @@ Test(cuda, table_complete) {
         (const void *)G->swiglu,      (const void *)G->swiglu_bwd,    (const void *)G->attn_paged,
         (const void *)G->attn_fwd,    (const void *)G->attn_bwd,      (const void *)G->lora_shrink,
         (const void *)G->lora_expand, (const void *)G->token_logprobs, (const void *)G->logprob_bwd,
-        (const void *)G->adamw,
+        (const void *)G->adamw,       (const void *)G->gemm_bf16w,    (const void *)G->to_bf16,
+        (const void *)G->from_bf16,   (const void *)G->sample,
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) cr_assert(fns[i] != NULL, "table entry %zu is NULL", i);
     cr_assert_eq(sizeof(kernels_t), sizeof(const char *) + sizeof fns, "kernels_t gained an entry this test does not list");
@@ -336,6 +337,129 @@ Test(cuda, all_finite) {
         teardown();
     }
     cr_assert(G->all_finite(0, NULL));
+}
+
+// --- bf16 -------------------------------------------------------------------------------------------------
+
+static uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+// Exact: the same integer rounding on both sides. Every bf16 pattern with low halves around the
+// rounding midpoint (ties included), NaN payloads, infinities, subnormals, at odd offsets.
+Test(cuda, bf16_convert) {
+    static const uint32_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff};
+    size_t nl = sizeof lows / sizeof lows[0], n = 65536 * nl + 3;
+    float *x = hbuf(n);
+    for (uint32_t h = 0; h < 65536; h++)
+        for (size_t l = 0; l < nl; l++) {
+            uint32_t u = (h << 16) | lows[l];
+            memcpy(&x[3 + h * nl + l], &u, sizeof u);
+        }
+    float *dx = dcopy(x, n);
+    uint16_t *hb = hmem(2 * n), *db = dmem(2 * n), *back = hmem(2 * n);
+    C->to_bf16(hb, x, n);
+    G->to_bf16(db + 1, dx + 1, n - 1);   // an odd offset and length
+    C->to_bf16(hb + 1, x + 1, n - 1);
+    G->to_host(back + 1, db + 1, 2 * (n - 1));
+    for (size_t i = 1; i < n; i++)
+        cr_assert(back[i] == hb[i], "to_bf16(0x%08x): cuda 0x%04x, cpu 0x%04x", f2u(x[i]), back[i], hb[i]);
+    float *df = dmem(sizeof(float) * n), *hf = hbuf(n);
+    G->from_bf16(df + 1, db + 1, n - 1);
+    C->from_bf16(hf + 1, hb + 1, n - 1);
+    expect_equal("from_bf16", hback(df, n) + 1, hf + 1, n - 1);
+    G->to_bf16(db, dx, 0);
+    G->from_bf16(df, db, 0);
+}
+
+// C = alpha X W^T + beta C with W bf16. The GPU rounds X to bf16 (unit roundoff u16 = 2^-8), the
+// CPU reference does not, so per element, with B = |alpha| sum_k |x_k| |w_k|:
+//   |cuda - cpu| <= u16 B  (X rounding)  +  2 (K+2) 2^-23 B  (two fp32 accumulations in any
+//   order, doubled for tensor cores that truncate)  +  2^-22 |beta c|
+// (a rigorous bound; the typical X-rounding error is ~u16/sqrt(3) * sqrt(sum (x w)^2), far
+// smaller). Against a CPU reference on the bf16-rounded X, only the fp32 terms remain: that
+// tighter check shows the GPU rounds X to nearest bf16 and accumulates in fp32; an error in
+// indexing or layout gives O(1) differences, a product with X kept in fp32 fails it by ~u16.
+static void gemm_bf16w_case(int M, int N, int K, float alpha, float beta, int pad, bool nan_c) {
+    int ldx = K + pad, ldw = K + 2 * pad, ldc = N + pad;
+    size_t nx = (size_t)M * ldx, nw = (size_t)N * ldw, nc = (size_t)M * ldc;
+    float *X = hrand(nx + 1, -1, 1), *Wf = hrand(nw + 1, -1, 1), *Cc = hrand(nc, -1, 1);
+    if (nan_c)
+        for (size_t i = 0; i < nc; i++) Cc[i] = NAN;
+    uint16_t *W = hmem(2 * (nw + 1));
+    C->to_bf16(W, Wf, nw);
+    C->from_bf16(Wf, W, nw);   // the weights as multiplied
+    float *Xr = hbuf(nx + 1);   // X rounded to bf16, for the tight reference
+    uint16_t *tmp = hmem(2 * (nx + 1));
+    C->to_bf16(tmp, X, nx);
+    C->from_bf16(Xr, tmp, nx);
+    float *dX = dcopy(X, nx + 1), *dC = dcopy(Cc, nc);
+    uint16_t *dW = dmem(2 * (nw + 1));
+    G->to_dev(dW, W, 2 * nw);
+    float *want = hbuf(nc), *want_r = hbuf(nc);
+    memcpy(want, Cc, sizeof(float) * nc);
+    memcpy(want_r, Cc, sizeof(float) * nc);
+    C->gemm_bf16w(M, N, K, alpha, X, ldx, W, ldw, beta, want, ldc);
+    C->gemm_bf16w(M, N, K, alpha, Xr, ldx, W, ldw, beta, want_r, ldc);
+    G->gemm_bf16w(M, N, K, alpha, dX, ldx, dW, ldw, beta, dC, ldc);
+    float *got = hback(dC, nc);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < ldc; j++) {
+            size_t e = (size_t)i * ldc + j;
+            if (j >= N) {
+                cr_assert(memcmp(&got[e], &Cc[e], sizeof(float)) == 0, "gemm_bf16w: padding C[%d,%d] changed", i, j);
+                continue;
+            }
+            double B = 0.0;
+            for (int k = 0; k < K; k++) B += fabs((double)X[(size_t)i * ldx + k] * Wf[(size_t)j * ldw + k]);
+            B *= fabs(alpha);
+            double bc = beta == 0.0f ? 0.0 : fabs((double)beta * Cc[e]);
+            double acc = 2.0 * (K + 2) * 0x1p-23 * B + 0x1p-22 * bc + 1e-30;
+            double d = fabs((double)got[e] - want[e]), dr = fabs((double)got[e] - want_r[e]);
+            if (!(d <= 0x1p-8 * B + acc))
+                cr_assert_fail("gemm_bf16w M=%d N=%d K=%d alpha=%g beta=%g: C[%d,%d] cuda %.9g, cpu (fp32 X) %.9g: "
+                               "|diff| %.3g > bound %.3g",
+                               M, N, K, alpha, beta, i, j, got[e], want[e], d, 0x1p-8 * B + acc);
+            if (!(dr <= acc))
+                cr_assert_fail("gemm_bf16w M=%d N=%d K=%d alpha=%g beta=%g: C[%d,%d] cuda %.9g, cpu (bf16 X) %.9g: "
+                               "|diff| %.3g > bound %.3g",
+                               M, N, K, alpha, beta, i, j, got[e], want_r[e], dr, acc);
+        }
+}
+
+Test(cuda, gemm_bf16w) {
+    static const int sizes[] = {1, 3, 17, 64, 129};
+    seed(19);
+    for (int mi = 0; mi < 5; mi++)
+        for (int ni = 0; ni < 5; ni++)
+            for (int ki = 0; ki < 5; ki++) {
+                int v = mi + ni + ki;
+                gemm_bf16w_case(sizes[mi], sizes[ni], sizes[ki], v % 3 ? 0.7f : 1.0f, v % 2 ? 0.3f : 0.0f, v % 4,
+                                false);
+                teardown();
+            }
+    gemm_bf16w_case(64, 300, 896, 1.0f, 0.0f, 0, true);   // a model-sized K; beta = 0 overwrites NaN
+    teardown();
+    gemm_bf16w_case(5, 7, 33, -1.5f, 1.0f, 1, false);
+    teardown();
+}
+
+// K = 0: C = beta * C (0 when beta = 0), as gemm. Exact.
+Test(cuda, gemm_bf16w_k0) {
+    seed(20);
+    for (int b = 0; b < 2; b++) {
+        float beta = b ? 0.5f : 0.0f;
+        int M = 5, N = 7, ldc = 9;
+        float *Cc = hrand((size_t)M * ldc, -1, 1), *X = hrand(8, -1, 1);
+        uint16_t W[8] = {0};
+        float *dC = dcopy(Cc, (size_t)M * ldc), *dX = dcopy(X, 8);
+        uint16_t *dW = dmem(16);
+        C->gemm_bf16w(M, N, 0, 1.0f, X, 1, W, 1, beta, Cc, ldc);
+        G->gemm_bf16w(M, N, 0, 1.0f, dX, 1, dW, 1, beta, dC, ldc);
+        expect_equal("gemm_bf16w K=0", hback(dC, (size_t)M * ldc), Cc, (size_t)M * ldc);
+    }
 }
 
 // --- transformer pieces ----------------------------------------------------------------------------------
@@ -735,6 +859,202 @@ Test(cuda, logprob_bwd) {
         }
 }
 
+// --- sampling ---------------------------------------------------------------------------------------------
+
+// Logits of kind: 0 uniform in [-8, 8]; 1 integers in [-3, 3] (many exact ties); 2 LM-like, a
+// few large logits over a low background, a third masked to -inf, one at 9; 3 all equal.
+static void fill_logits(float *z, int V, int kind) {
+    for (int j = 0; j < V; j++) {
+        switch (kind) {
+        case 0: z[j] = unif(-8, 8); break;
+        case 1: z[j] = (float)(irand(7) - 3); break;
+        case 2: z[j] = irand(3) == 0 ? -INFINITY : (irand(200) == 0 ? unif(4, 12) : unif(-6, 2)); break;
+        default: z[j] = 0.25f; break;
+        }
+    }
+    if (kind == 2) z[irand(V)] = 9.0f;   // never all -inf (a NaN row: see sample_degenerate_rows)
+}
+
+static float clamp_u(float u) { return u < 0.0f ? 0.0f : (u >= 1.0f ? 0x1.fffffep-1f : u); }
+
+// One row on the CPU with its own parameters.
+static int cpu_sample1(const float *z, int V, float T, int k, float p, float u, float *lp) {
+    int32_t tok;
+    C->sample(&tok, lp, z, 1, V, &T, &k, &p, &u);
+    return tok;
+}
+
+// The n rows (n, V) on both backends. Tokens must be identical, except in a threshold case: the
+// GPU's token is what the CPU draws with u or top_p moved by SAMPLE_EPS (1e-6, i.e. a millionth
+// of the renormalised mass): the mass of the full row is summed in another order on the GPU and
+// CUDA's exp may differ by an ulp, so u * mass or the top-p target within ~1e-12 of a cumulative
+// boundary may fall on the other side. Such cases must stay rare (at most max_exempt rows; -1:
+// 1 + n/50), so a systematic error cannot hide behind them. Greedy rows: identical always. Log-probs (of the
+// token the GPU chose): within 1e-5 (both compute z/T - lse in double; ~1e-7 expected).
+#define SAMPLE_EPS 1e-6f
+static void sample_case(const char *what, const float *z, int n, int V, const float *T, const int *K, const float *P,
+                        const float *U, int max_exempt) {
+    if (max_exempt < 0) max_exempt = 1 + n / 50;
+    float *dz = dcopy(z, (size_t)n * V);
+    int32_t *gt = hmem(sizeof(int32_t) * n), *ct = hmem(sizeof(int32_t) * n), *gt2 = hmem(sizeof(int32_t) * n);
+    float *gl = hbuf(n), *cl = hbuf(n), *gl2 = hbuf(n);
+    G->sample(gt, gl, dz, n, V, T, K, P, U);
+    C->sample(ct, cl, z, n, V, T, K, P, U);
+    G->sample(gt2, gl2, dz, n, V, T, K, P, U);   // deterministic
+    cr_assert(memcmp(gt, gt2, sizeof(int32_t) * n) == 0 && memcmp(gl, gl2, sizeof(float) * n) == 0,
+              "%s: two identical calls differ", what);
+    int exempt = 0;
+    for (int r = 0; r < n; r++) {
+        const float *zr = z + (size_t)r * V;
+        cr_assert(gt[r] >= 0 && gt[r] < V, "%s row %d: token %d outside 0..%d", what, r, gt[r], V - 1);
+        float want_lp = cl[r];
+        if (gt[r] != ct[r]) {
+            bool ok = false;
+            if (T[r] > 0) {
+                float us[2] = {clamp_u(U[r] - SAMPLE_EPS), clamp_u(U[r] + SAMPLE_EPS)};
+                for (int q = 0; q < 2 && !ok; q++) ok = cpu_sample1(zr, V, T[r], K[r], P[r], us[q], &want_lp) == gt[r];
+                if (P[r] < 1.0f) {
+                    float ps[2] = {P[r] - SAMPLE_EPS, P[r] + SAMPLE_EPS < 1.0f ? P[r] + SAMPLE_EPS : 0x1.fffffep-1f};
+                    for (int q = 0; q < 2 && !ok; q++)
+                        ok = cpu_sample1(zr, V, T[r], K[r], ps[q], U[r], &want_lp) == gt[r];
+                }
+            }
+            cr_assert(ok, "%s row %d (V=%d T=%g top_k=%d top_p=%g u=%.9g): cuda token %d, cpu %d, not a threshold case",
+                      what, r, V, T[r], K[r], P[r], U[r], gt[r], ct[r]);
+            exempt++;
+        }
+        if (isnan(want_lp))
+            cr_assert(isnan(gl[r]), "%s row %d: cpu log-prob NaN, cuda %.9g", what, r, gl[r]);
+        else
+            cr_assert(fabsf(gl[r] - want_lp) <= 1e-5f,
+                      "%s row %d (V=%d T=%g top_k=%d top_p=%g): log-prob cuda %.9g, cpu %.9g", what, r, V, T[r], K[r],
+                      P[r], gl[r], want_lp);
+    }
+    cr_assert(exempt <= max_exempt, "%s: %d of %d rows differ (threshold cases), more than %d", what, exempt, n,
+              max_exempt);
+    if (exempt) fprintf(stderr, "%s: %d of %d rows were threshold cases\n", what, exempt, n);
+}
+
+// Every path of the kernel on vocabularies up to 5000: greedy; no truncation; top-k (small, the
+// shared-memory maximum 4096, V - 1, V = off); top-p (the sorted small nucleus; flat rows take
+// the bisection path); top-k then top-p; over the four kinds of rows.
+Test(cuda, sample) {
+    static const int Vs[] = {1, 2, 7, 100, 1000, 5000};
+    static const float Ts[] = {0.0f, 0.6f, 1.0f, 1.5f};
+    static const float Ps[] = {1.0f, 0.9f, 0.5f, 0.0f};
+    seed(21);
+    for (int vi = 0; vi < 6; vi++) {
+        int V = Vs[vi];
+        int Ks[] = {0, 1, 7, 50, V - 1, V, 4096};
+        int n = 4 * 7 * 4;
+        float *T = hbuf(n), *P = hbuf(n), *U = hbuf(n), *z = hbuf((size_t)n * V);
+        int *Kk = ibuf(n);
+        int r = 0;
+        for (int ti = 0; ti < 4; ti++)
+            for (int ki = 0; ki < 7; ki++)
+                for (int pi = 0; pi < 4; pi++, r++) {
+                    T[r] = Ts[ti];
+                    Kk[r] = Ks[ki] > 4096 && Ks[ki] < V ? 4096 : Ks[ki];
+                    P[r] = Ps[pi];
+                    U[r] = unif(0, 1);
+                    // every (top_k, top_p) pair meets every kind as the temperature varies
+                    fill_logits(z + (size_t)r * V, V, (ti + ki + pi) % 4);
+                }
+        char what[48];
+        snprintf(what, sizeof what, "sample V=%d", V);
+        sample_case(what, z, n, V, T, Kk, P, U, -1);
+        teardown();
+    }
+}
+
+// A Qwen2-sized vocabulary: uniform logits with top-p 0.9 keep ~50k candidates above the
+// compaction threshold (the bisection path); LM-like rows take the sorted path; the top-k heap
+// streams 151936 weights.
+Test(cuda, sample_large_vocab) {
+    enum { NR = 8 };
+    int V = 151936;
+    float T[NR] = {1.0f, 0.7f, 1.0f, 1.0f, 0.0f, 1.2f, 1.0f, 0.8f};
+    int Kk[NR] = {0, 50, 0, 0, 0, 1000, 4096, 0};
+    float P[NR] = {1.0f, 1.0f, 0.9f, 0.95f, 1.0f, 0.8f, 0.95f, 0.99f};
+    int kinds[NR] = {0, 0, 0, 2, 0, 2, 0, 2};
+    seed(22);
+    float *z = hbuf((size_t)NR * V), *U = hbuf(NR);
+    for (int r = 0; r < NR; r++) {
+        fill_logits(z + (size_t)r * V, V, kinds[r]);
+        U[r] = unif(0, 1);
+    }
+    sample_case("sample V=151936", z, NR, V, T, Kk, P, U, -1);
+}
+
+// Flat and two-level rows (exact ties everywhere: the bisection's tie groups, the heap's id order,
+// the sorted path's ties), with u at both ends of [0, 1) and at 0.25 and 0.5, where u * mass and
+// the top-p targets (top_p 0.5 of an even count of equal weights) land exactly on a cumulative
+// boundary:
+// both backends must resolve the exact comparisons (> in the draw, >= for the nucleus) the same
+// way. The weights of a flat row are all exactly 1, so every sum is exact in any order: no
+// threshold case is allowed there. V = 1000 takes the sorted path, V = 10000 the bisections.
+Test(cuda, sample_ties_and_u_extremes) {
+    static const float ps[] = {1.0f, 0.5f, 0.9f, 0.999f, 0.3f, 0.0f};
+    static const int ks[] = {0, 100};
+    float us[] = {0.0f, 0.5f, 0.25f, 0x1.fffffep-1f, 0.0f};
+    seed(23);
+    for (int vi = 0; vi < 2; vi++)
+        for (int shape = 0; shape < 2; shape++) {
+            int V = vi ? 10000 : 1000, n = 6 * 2 * 5 + 1, r = 0;
+            float *z = hbuf((size_t)n * V), *T = hbuf(n), *P = hbuf(n), *U = hbuf(n);
+            int *Kk = ibuf(n);
+            for (int pi = 0; pi < 6; pi++)
+                for (int ki = 0; ki < 2; ki++)
+                    for (int ui = 0; ui < 5; ui++, r++) {
+                        float *zr = z + (size_t)r * V;
+                        for (int j = 0; j < V; j++) zr[j] = shape ? (j % 3 == 0 ? 1.0f : 0.0f) : 0.0f;
+                        T[r] = 1.0f;
+                        Kk[r] = ks[ki];
+                        P[r] = ps[pi];
+                        U[r] = ui == 4 ? unif(0, 1) : us[ui];
+                    }
+            for (int j = 0; j < V; j++) z[(size_t)r * V + j] = shape ? (j % 7 == 3 ? 2.0f : 1.0f) : 1.0f;
+            T[r] = 0.0f;   // greedy on ties: the lowest id
+            Kk[r] = 0;
+            P[r] = 1.0f;
+            U[r] = 0.5f;
+            char what[64];
+            snprintf(what, sizeof what, "sample %s rows V=%d", shape ? "two-level" : "flat", V);
+            sample_case(what, z, n, V, T, Kk, P, U, shape ? -1 : 0);
+            teardown();
+        }
+}
+
+// Rows with NaN or infinite logits: a token in range and a NaN log-prob on both; greedy rows pick
+// the same token (NaN loses, lowest id among the largest).
+Test(cuda, sample_degenerate_rows) {
+    enum { NR = 8 };
+    int V = 300;
+    seed(24);
+    float *z = hrand((size_t)NR * V, -2, 2), *dz;
+    float T[NR] = {0.0f, 1.0f, 0.0f, 1.0f, 0.0f, 1.0f, 0.0f, 1.0f};
+    int Kk[NR] = {0, 0, 0, 10, 0, 0, 0, 0};
+    float P[NR] = {1.0f, 0.9f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+    float U[NR] = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+    z[0 * V + 0] = NAN;   // greedy: NaN at 0 loses
+    z[1 * V + 7] = NAN;
+    z[2 * V + 5] = INFINITY;
+    z[3 * V + 9] = INFINITY;
+    for (int j = 0; j < V; j++) z[4 * V + j] = z[5 * V + j] = -INFINITY;
+    for (int j = 0; j < V; j++) z[6 * V + j] = NAN;
+    z[7 * V + 3] = NAN;
+    dz = dcopy(z, (size_t)NR * V);
+    int32_t gt[NR], ct[NR];
+    float gl[NR], cl[NR];
+    G->sample(gt, gl, dz, NR, V, T, Kk, P, U);
+    C->sample(ct, cl, z, NR, V, T, Kk, P, U);
+    for (int r = 0; r < NR; r++) {
+        cr_assert(gt[r] >= 0 && gt[r] < V, "row %d: token %d outside 0..%d", r, gt[r], V - 1);
+        cr_assert(isnan(gl[r]) && isnan(cl[r]), "row %d: log-probs cuda %g, cpu %g, want NaN", r, gl[r], cl[r]);
+        if (T[r] <= 0) cr_assert(gt[r] == ct[r], "greedy row %d: cuda %d, cpu %d", r, gt[r], ct[r]);
+    }
+}
+
 // --- optimizer ---------------------------------------------------------------------------------------------
 
 // Three steps on the same state; p, m, v atol 1e-7, rtol 1e-5 (FMA contraction on the GPU; the
@@ -810,7 +1130,38 @@ static void bad_target(void) {
     G->token_logprobs(&x, NULL, &x, &t, 1, 5, 1.0f);
 }
 
+static void bad_ld_bf16(void) {
+    float x = 0;
+    uint16_t w = 0;
+    G->gemm_bf16w(1, 1, 8, 1.0f, &x, 2, &w, 8, 0.0f, &x, 1);
+}
+
+static void bad_top_k(void) {
+    float x = 0, T[2] = {0.0f, 1.0f}, P[2] = {1.0f, 1.0f}, U[2] = {0.5f, 0.5f};
+    int K[2] = {0, 5000};
+    int32_t tok[2];
+    G->sample(tok, NULL, &x, 2, 10000, T, K, P, U);
+}
+
+static void bad_u(void) {
+    float x = 0, T = 0.5f, P = 1.0f, U = 1.0f;
+    int K = 0;
+    int32_t tok;
+    G->sample(&tok, NULL, &x, 1, 10, &T, &K, &P, &U);
+}
+
+static void bad_vocab(void) {
+    float x = 0, T = 0.5f, P = 1.0f, U = 0.0f;
+    int K = 0;
+    int32_t tok;
+    G->sample(&tok, NULL, &x, 1, 0, &T, &K, &P, &U);
+}
+
 Test(cuda, unsupported_sizes_abort) {
+    expect_abort(bad_ld_bf16, "marlaas cuda: gemm_bf16w failed: ldx 2 and ldw 8 must be >= K 8");
+    expect_abort(bad_top_k, "marlaas cuda: sample failed: row 1: top_k 5000 > 4096");
+    expect_abort(bad_u, "marlaas cuda: sample failed: row 0: u = 1 outside [0, 1)");
+    expect_abort(bad_vocab, "marlaas cuda: sample failed: V 0 outside the supported range 1..16777216");
     expect_abort(bad_head_dim, "marlaas cuda: attn_fwd failed: head_dim 300 outside the supported range 1..256");
     expect_abort(bad_rank, "marlaas cuda: lora_shrink failed: segment 0: rank 9 > ldt 8");
     expect_abort(bad_target, "marlaas cuda: token_logprobs failed: target[0] = 5 outside 0..4");

@@ -283,6 +283,40 @@ cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation
     return CUBLAS_STATUS_SUCCESS;
 }
 
+static float emu_bf16(const void *p, size_t i) {
+    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void *alpha, const void *A, cudaDataType_t Atype, int lda, const void *B,
+                            cudaDataType_t Btype, int ldb, const void *beta, void *C, cudaDataType_t Ctype, int ldc,
+                            cublasComputeType_t, cublasGemmAlgo_t) {
+    int arows = ta == CUBLAS_OP_N ? m : k, brows = tb == CUBLAS_OP_N ? k : n;
+    if (m < 0 || n < 0 || k < 0 || lda < (arows > 1 ? arows : 1) || ldb < (brows > 1 ? brows : 1) ||
+        ldc < (m > 1 ? m : 1))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF || Ctype != CUDA_R_32F) fail("cublasGemmEx: unemulated types");
+    if (!is_dev(C, sizeof(float)) || !is_dev(A, 2) || !is_dev(B, 2))
+        fail("cublasGemmEx: A, B or C is not device memory");
+    float al = *(const float *)alpha, be = *(const float *)beta;
+    float *Cf = (float *)C;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            float s = 0.0f;
+            for (int p = 0; p < k; p++) {
+                float a = emu_bf16(A, ta == CUBLAS_OP_N ? i + (size_t)p * lda : p + (size_t)i * lda);
+                float b = emu_bf16(B, tb == CUBLAS_OP_N ? p + (size_t)j * ldb : j + (size_t)p * ldb);
+                s += a * b;
+            }
+            float *c = &Cf[i + (size_t)j * ldc];
+            *c = be == 0.0f ? al * s : al * s + be * *c;
+        }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 // --- fibers -----------------------------------------------------------------------------------------------
 
 enum { RUN, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };

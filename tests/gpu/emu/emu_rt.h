@@ -102,6 +102,15 @@ cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m);
 cublasStatus_t cublasSetPointerMode(cublasHandle_t h, cublasPointerMode_t m);
 const char *cublasGetStatusString(cublasStatus_t s);
+typedef enum { CUDA_R_32F, CUDA_R_16BF } cudaDataType_t;
+typedef enum { CUBLAS_COMPUTE_32F } cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT } cublasGemmAlgo_t;
+// Only what gemm_bf16w uses: A and B bf16, C fp32, fp32 compute (products of bf16 values are
+// exact in fp32; accumulated in fp32 in k order).
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void *alpha, const void *A, cudaDataType_t Atype, int lda, const void *B,
+                            cudaDataType_t Btype, int ldb, const void *beta, void *C, cudaDataType_t Ctype, int ldc,
+                            cublasComputeType_t ctype, cublasGemmAlgo_t algo);
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                            const float *alpha, const float *A, int lda, const float *B, int ldb, const float *beta,
                            float *C, int ldc);
@@ -139,6 +148,11 @@ static inline unsigned __float_as_uint(float f) {
     unsigned u;
     memcpy(&u, &f, sizeof u);
     return u;
+}
+static inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
 // kernel<<<grid, block, 0, stream>>>(args) becomes

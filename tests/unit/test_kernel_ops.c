@@ -1,0 +1,335 @@
+// test_kernel_ops.c - the CPU backend's bf16 ops (to_bf16, from_bf16, gemm_bf16w) against naive
+// references, and its batched sampling op (sample) against common/engine/sampler.c's
+// sampler_sample, which it must reproduce exactly given the same uniform draw.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/engine/sampler.h"
+#include "kernels/kernels.h"
+
+static uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+// splitmix64: fixed inputs every run.
+static uint64_t tk_state;
+static uint64_t tk_next(void) {
+    uint64_t z = (tk_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float tk_unif(float lo, float hi) { return lo + (hi - lo) * (float)((tk_next() >> 40) * 0x1p-24); }
+
+// --- bf16 conversion ----------------------------------------------------------------------------
+
+// The value of bf16 bit pattern h as a double; the pattern after the largest finite one (0x7f80,
+// inf) counts as 2^128, which makes "nearest" round to inf exactly from max + half an ulp, as
+// IEEE overflow does.
+static double bf16_value(uint16_t h) {
+    if ((h & 0x7fff) == 0x7f80) return (h & 0x8000) ? -0x1p128 : 0x1p128;
+    return (double)u2f((uint32_t)h << 16);
+}
+
+// Reference rounding of a non-NaN float: the nearer of the two bf16 neighbours (truncation and
+// the next pattern away from zero), the even one on a tie. Independent of the bit trick.
+static uint16_t ref_to_bf16(float f) {
+    uint32_t u = f2u(f);
+    uint16_t lo = (uint16_t)(u >> 16);
+    if ((u & 0xffff) == 0 || (lo & 0x7fff) == 0x7f80) return lo;   // exact, or inf
+    uint16_t hi = (uint16_t)(lo + 1);
+    double x = fabs((double)f), dlo = fabs(bf16_value(lo)), dhi = fabs(bf16_value(hi));
+    if (x - dlo < dhi - x) return lo;
+    if (x - dlo > dhi - x) return hi;
+    return (lo & 1) ? hi : lo;
+}
+
+Test(kernel_ops, bf16_rounding_every_pattern) {
+    const kernels_t *K = kernels_cpu();
+    // Every bf16 pattern with low halves covering exact, just below / at / just above the
+    // midpoint, the extremes, and random bits: 65536 * 10 floats.
+    static const uint32_t lows[] = {0x0000, 0x0001, 0x3fff, 0x7fff, 0x8000, 0x8001, 0xc000, 0xffff, 0, 0};
+    enum { NL = sizeof lows / sizeof lows[0] };
+    size_t n = (size_t)65536 * NL;
+    float *src = K->alloc(sizeof(float) * n);
+    uint16_t *dst = K->alloc(sizeof(uint16_t) * n);
+    tk_state = 1;
+    for (uint32_t h = 0; h < 65536; h++)
+        for (int l = 0; l < NL; l++) {
+            uint32_t low = l < NL - 2 ? lows[l] : (uint32_t)(tk_next() & 0xffff);
+            src[(size_t)h * NL + l] = u2f((h << 16) | low);
+        }
+    K->to_bf16(dst, src, n);
+    for (size_t i = 0; i < n; i++) {
+        float f = src[i];
+        if (isnan(f)) {
+            uint16_t want = (uint16_t)((f2u(f) >> 16) | 0x40);
+            cr_assert(dst[i] == want, "NaN 0x%08x -> 0x%04x, want 0x%04x (quiet, sign and upper payload kept)", f2u(f),
+                      dst[i], want);
+        } else {
+            uint16_t want = ref_to_bf16(f);
+            cr_assert(dst[i] == want, "%.9g (0x%08x) -> 0x%04x, want 0x%04x", f, f2u(f), dst[i], want);
+        }
+    }
+    K->free(src);
+    K->free(dst);
+}
+
+Test(kernel_ops, bf16_special_values) {
+    const kernels_t *K = kernels_cpu();
+    struct {
+        uint32_t in;
+        uint16_t out;
+    } cases[] = {
+        {0x3f800000, 0x3f80},   // 1
+        {0x3f808000, 0x3f80},   // 1 + 2^-8: tie, even below
+        {0x3f818000, 0x3f82},   // tie, odd below: up
+        {0x3f808001, 0x3f81},   // just above the midpoint
+        {0x3f807fff, 0x3f80},   // just below
+        {0x80000000, 0x8000},   // -0
+        {0x00000000, 0x0000},   // +0
+        {0x00008000, 0x0000},   // subnormal tie, even below
+        {0x00018000, 0x0002},   // subnormal tie, odd below
+        {0x007fffff, 0x0080},   // largest subnormal rounds up to the smallest normal
+        {0x7f7fffff, 0x7f80},   // FLT_MAX: overflow to inf
+        {0x7f7f8000, 0x7f80},   // max bf16 + half an ulp: tie, even is inf
+        {0x7f7f7fff, 0x7f7f},   // below it: max bf16
+        {0xff7fffff, 0xff80},   // -FLT_MAX: -inf
+        {0x7f800000, 0x7f80},   // inf
+        {0xff800000, 0xff80},   // -inf
+        {0x7fc00000, 0x7fc0},   // quiet NaN
+        {0xffc00001, 0xffc0},   // negative NaN
+        {0x7f800001, 0x7fc0},   // signalling NaN, payload only in the dropped half: still NaN
+        {0x7fa00000, 0x7fe0},   // signalling NaN with upper payload: kept, quieted
+    };
+    int nc = (int)(sizeof cases / sizeof cases[0]);
+    for (int i = 0; i < nc; i++) {
+        float f = u2f(cases[i].in), back;
+        uint16_t h;
+        K->to_bf16(&h, &f, 1);
+        cr_assert(h == cases[i].out, "to_bf16(0x%08x) = 0x%04x, want 0x%04x", cases[i].in, h, cases[i].out);
+        K->from_bf16(&back, &h, 1);
+        cr_assert(f2u(back) == (uint32_t)h << 16, "from_bf16(0x%04x) = 0x%08x", h, f2u(back));
+        if (isnan(f)) cr_assert(isnan(back));
+    }
+}
+
+// from_bf16 is exact and to_bf16 inverts it on every pattern (NaNs come back quiet).
+Test(kernel_ops, bf16_round_trip) {
+    const kernels_t *K = kernels_cpu();
+    uint16_t *h = K->alloc(sizeof(uint16_t) * 65536), *h2 = K->alloc(sizeof(uint16_t) * 65536);
+    float *f = K->alloc(sizeof(float) * 65536);
+    for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+    K->from_bf16(f, h, 65536);
+    K->to_bf16(h2, f, 65536);
+    for (uint32_t i = 0; i < 65536; i++) {
+        cr_assert(f2u(f[i]) == i << 16, "from_bf16(0x%04x) = 0x%08x", i, f2u(f[i]));
+        uint16_t want = isnan(f[i]) ? (uint16_t)(i | 0x40) : (uint16_t)i;
+        cr_assert(h2[i] == want, "to_bf16(from_bf16(0x%04x)) = 0x%04x, want 0x%04x", i, h2[i], want);
+    }
+    K->free(h);
+    K->free(h2);
+    K->free(f);
+}
+
+// --- gemm_bf16w ----------------------------------------------------------------------------------
+
+// C = alpha X W^T + beta C against a double-precision reference on the same (bf16) W. Error
+// bound of an fp32 dot product of K terms in any order (with or without FMA): K u sum |x w| with
+// u = 2^-24, plus the scaling and beta terms; twice that, so the check is rigorous yet ~1e-6
+// relative for these sizes, far below a wrong index (O(1)) or a bf16 rounding of X (2^-9).
+static void check_gemm_bf16w(int M, int N, int K, float alpha, float beta, int pad, bool nan_c) {
+    const kernels_t *B = kernels_cpu();
+    int ldx = K + pad, ldw = K + 2 * pad, ldc = N + pad;
+    float *X = B->alloc(sizeof(float) * (size_t)M * (ldx > 0 ? ldx : 1));
+    float *Wf = B->alloc(sizeof(float) * (size_t)N * (ldw > 0 ? ldw : 1));
+    uint16_t *W = B->alloc(sizeof(uint16_t) * (size_t)N * (ldw > 0 ? ldw : 1));
+    float *C = B->alloc(sizeof(float) * (size_t)M * ldc), *C0 = B->alloc(sizeof(float) * (size_t)M * ldc);
+    for (size_t i = 0; i < (size_t)M * ldx; i++) X[i] = tk_unif(-1, 1);
+    for (size_t i = 0; i < (size_t)N * ldw; i++) Wf[i] = tk_unif(-1, 1);
+    for (size_t i = 0; i < (size_t)M * ldc; i++) C[i] = nan_c ? NAN : tk_unif(-1, 1);
+    memcpy(C0, C, sizeof(float) * (size_t)M * ldc);
+    B->to_bf16(W, Wf, (size_t)N * ldw);
+    B->from_bf16(Wf, W, (size_t)N * ldw);   // the exact values the op multiplies by
+    B->gemm_bf16w(M, N, K, alpha, X, ldx, W, ldw, beta, C, ldc);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < ldc; j++) {
+            float got = C[(size_t)i * ldc + j], c0 = C0[(size_t)i * ldc + j];
+            if (j >= N) {   // padding: untouched
+                cr_assert(memcmp(&got, &c0, sizeof got) == 0, "M=%d N=%d K=%d: padding C[%d,%d] changed", M, N, K, i, j);
+                continue;
+            }
+            double s = 0.0, mag = 0.0;
+            for (int k = 0; k < K; k++) {
+                double p = (double)X[(size_t)i * ldx + k] * Wf[(size_t)j * ldw + k];
+                s += p;
+                mag += fabs(p);
+            }
+            double bc = beta == 0.0f ? 0.0 : (double)beta * c0;   // beta = 0: C is not read
+            double want = (double)alpha * s + bc;
+            double bound = 2.0 * ((K + 2) * 0x1p-24 * fabs(alpha) * mag + 0x1p-23 * fabs(bc)) + 1e-30;
+            cr_assert(fabs(got - want) <= bound, "M=%d N=%d K=%d alpha=%g beta=%g: C[%d,%d] = %.9g, want %.9g (bound %.3g)",
+                      M, N, K, alpha, beta, i, j, got, want, bound);
+        }
+    B->free(X);
+    B->free(Wf);
+    B->free(W);
+    B->free(C);
+    B->free(C0);
+}
+
+Test(kernel_ops, gemm_bf16w_sizes) {
+    static const int Ms[] = {1, 2, 3, 8, 9, 17, 64};
+    static const int Ns[] = {1, 3, 17, 130};
+    static const int Ks[] = {1, 7, 129, 300};
+    tk_state = 2;
+    for (int mi = 0; mi < 7; mi++)
+        for (int ni = 0; ni < 4; ni++)
+            for (int ki = 0; ki < 4; ki++) {
+                int v = mi + ni + ki;
+                check_gemm_bf16w(Ms[mi], Ns[ni], Ks[ki], v % 3 ? 0.7f : 1.0f, v % 2 ? 0.3f : 0.0f, v % 4, false);
+            }
+}
+
+// Several W blocks (K = 1024: 1024-row blocks, the last one partial; K = 4100: 256-row blocks)
+// and the few-rows path; beta = 0 overwrites a NaN-filled C on both paths; K = 0 gives beta * C.
+Test(kernel_ops, gemm_bf16w_blocks_and_edges) {
+    tk_state = 3;
+    check_gemm_bf16w(9, 2100, 1024, 1.0f, 0.5f, 1, false);
+    check_gemm_bf16w(9, 600, 4100, 1.0f, 0.5f, 0, false);
+    check_gemm_bf16w(8, 600, 4100, 0.5f, 1.0f, 3, false);
+    check_gemm_bf16w(33, 70, 129, 1.0f, 0.0f, 2, true);
+    check_gemm_bf16w(2, 70, 129, 1.0f, 0.0f, 2, true);
+    const kernels_t *B = kernels_cpu();
+    float C[6] = {1, 2, 3, 4, 5, 6}, x = 1;
+    uint16_t w = 0x3f80;
+    B->gemm_bf16w(2, 3, 0, 1.0f, &x, 1, &w, 1, 0.5f, C, 3);
+    for (int i = 0; i < 6; i++) cr_assert(C[i] == 0.5f * (float)(i + 1), "K=0: C[%d] = %g", i, C[i]);
+    B->gemm_bf16w(2, 3, 0, 1.0f, &x, 1, &w, 1, 0.0f, C, 3);
+    for (int i = 0; i < 6; i++) cr_assert(C[i] == 0.0f, "K=0 beta=0: C[%d] = %g", i, C[i]);
+}
+
+// --- sample vs sampler_sample ---------------------------------------------------------------------
+
+// n rows of logits of kind: 0 uniform in [-8, 8]; 1 integers in [-3, 3] (many exact ties); 2 a
+// peaked row (one large logit) with a third of the entries masked to -inf; 3 all equal.
+static void fill_logits(float *z, int V, int kind) {
+    for (int j = 0; j < V; j++) {
+        switch (kind) {
+        case 0: z[j] = tk_unif(-8, 8); break;
+        case 1: z[j] = (float)((int)(tk_next() % 7) - 3); break;
+        case 2: z[j] = tk_next() % 3 == 0 ? -INFINITY : tk_unif(-4, 4); break;
+        default: z[j] = 0.25f; break;
+        }
+    }
+    if (kind == 2) z[tk_next() % (uint64_t)V] = 12.0f;
+}
+
+// Runs the op on n rows and sampler_sample on each row with a per-row RNG; the op's u is drawn
+// from a copy of that RNG exactly when the row is not greedy. Tokens must be equal, log-probs
+// within 1e-6, and both RNGs must end in the same state (the op's caller draws what
+// sampler_sample draws).
+static void compare_rows(int V, int n, const float *T, const int *topk, const float *topp, int kind, uint64_t seed) {
+    const kernels_t *B = kernels_cpu();
+    float *z = B->alloc(sizeof(float) * (size_t)n * V);
+    for (int r = 0; r < n; r++) fill_logits(z + (size_t)r * V, V, kind);
+    float *u = calloc((size_t)n, sizeof(float)), *lp = calloc((size_t)n, sizeof(float));
+    int32_t *tok = calloc((size_t)n, sizeof(int32_t));
+    rng_t *ra = calloc((size_t)n, sizeof(rng_t)), *rb = calloc((size_t)n, sizeof(rng_t));
+    cr_assert(u && lp && tok && ra && rb);
+    for (int r = 0; r < n; r++) {
+        rng_seed(&ra[r], seed + (uint64_t)r);
+        rb[r] = ra[r];
+        u[r] = T[r] > 0 ? rng_uniform(&rb[r]) : 0.5f;
+    }
+    B->sample(tok, lp, z, n, V, T, topk, topp, u);
+    sampler_scratch_t s;
+    sampler_scratch_init(&s, V);
+    for (int r = 0; r < n; r++) {
+        sampler_params_t p = {.temperature = T[r], .top_k = topk[r], .top_p = topp[r]};
+        float want_lp;
+        int want = sampler_sample(&p, &ra[r], z + (size_t)r * V, V, &s, &want_lp);
+        cr_assert(tok[r] == want, "V=%d kind=%d row %d (T=%g top_k=%d top_p=%g u=%.9g): op %d, sampler %d", V, kind, r,
+                  T[r], topk[r], topp[r], u[r], tok[r], want);
+        cr_assert(fabsf(lp[r] - want_lp) <= 1e-6f, "V=%d kind=%d row %d: log-prob op %.9g, sampler %.9g", V, kind, r,
+                  lp[r], want_lp);
+        cr_assert(memcmp(&ra[r], &rb[r], sizeof(rng_t)) == 0, "V=%d row %d: the RNG streams diverged", V, r);
+    }
+    // logprobs may be NULL: same tokens.
+    int32_t *tok2 = calloc((size_t)n, sizeof(int32_t));
+    cr_assert(tok2);
+    B->sample(tok2, NULL, z, n, V, T, topk, topp, u);
+    cr_assert(memcmp(tok, tok2, sizeof(int32_t) * (size_t)n) == 0, "V=%d: tokens differ with logprobs NULL", V);
+    sampler_scratch_free(&s);
+    free(u);
+    free(lp);
+    free(tok);
+    free(tok2);
+    free(ra);
+    free(rb);
+    B->free(z);
+}
+
+// Every combination of temperature (greedy included), top-k (off, small, V-1, V, beyond V) and
+// top-p (off, 0.95, 0.5, tiny) over the row kinds, several draws each.
+Test(kernel_ops, sample_matches_sampler) {
+    static const int Vs[] = {1, 2, 7, 100, 1000};
+    static const float Ts[] = {0.0f, 0.5f, 1.0f, 1.7f};
+    static const float Ps[] = {1.0f, 0.95f, 0.5f, 1e-6f};
+    tk_state = 4;
+    for (int vi = 0; vi < 5; vi++) {
+        int V = Vs[vi];
+        int Ks[] = {0, 1, 5, V - 1, V, V + 3};
+        enum { NR = 4 * 6 * 4 * 3 };
+        float T[NR], P[NR];
+        int Kk[NR];
+        int n = 0;
+        for (int ti = 0; ti < 4; ti++)
+            for (int ki = 0; ki < 6; ki++)
+                for (int pi = 0; pi < 4; pi++)
+                    for (int rep = 0; rep < 3; rep++) {
+                        T[n] = Ts[ti];
+                        Kk[n] = Ks[ki];
+                        P[n] = Ps[pi];
+                        n++;
+                    }
+        for (int kind = 0; kind < 4; kind++) compare_rows(V, n, T, Kk, P, kind, 1000u * (uint64_t)vi + 10u * kind);
+    }
+}
+
+// A Qwen2-sized vocabulary, typical settings.
+Test(kernel_ops, sample_matches_sampler_large_vocab) {
+    int V = 151936;
+    float T[] = {1.0f, 0.7f, 1.0f, 1.0f, 0.0f, 1.2f};
+    int Kk[] = {0, 50, 0, 20, 0, 1000};
+    float P[] = {1.0f, 1.0f, 0.9f, 0.95f, 1.0f, 0.8f};
+    tk_state = 5;
+    compare_rows(V, 6, T, Kk, P, 0, 77);
+    compare_rows(V, 6, T, Kk, P, 2, 78);
+}
+
+// Many draws on one small row: every u the RNG produces maps to the same token.
+Test(kernel_ops, sample_many_draws) {
+    enum { NR = 2000, V = 37 };
+    static float T[NR], P[NR];
+    static int Kk[NR];
+    tk_state = 6;
+    for (int r = 0; r < NR; r++) {
+        T[r] = r % 5 == 0 ? 0.0f : 0.3f + (float)(r % 7) * 0.3f;
+        Kk[r] = (int)(tk_next() % 12);
+        P[r] = r % 3 == 0 ? 1.0f : tk_unif(0.05f, 1.0f);
+    }
+    compare_rows(V, NR, T, Kk, P, 1, 99);
+    compare_rows(V, NR, T, Kk, P, 0, 98);
+}
