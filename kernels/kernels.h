@@ -174,5 +174,10 @@ typedef struct kernels {
 
 // The CPU backend (always present).
 const kernels_t *kernels_cpu(void);
+// One row of the CPU backend's sample op, with the caller's scratch (w: V floats, idx: V ints):
+// the host sampler of the engine (common/engine/sampler.c) is this function, so the op and the
+// sampler cannot drift apart. Returns the token; *logprob as the op defines it.
+int32_t kernels_cpu_sample_row(const float *logits, int V, float temperature, int top_k, float top_p, float u,
+                               float *w, int *idx, float *logprob);
 
 #endif

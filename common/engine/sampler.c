@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "common/util/util.h"
+#include "kernels/kernels.h"
 
 // --- RNG -----------------------------------------------------------------------------------
 
@@ -120,67 +121,6 @@ void sampler_scratch_free(sampler_scratch_t *s) {
     s->vocab = 0;
 }
 
-// --- candidate heaps -----------------------------------------------------------------------
-
-// Strict total order on tokens: higher weight first, lower id first on equal weight.
-static bool better(const float *w, int a, int b) { return w[a] > w[b] || (w[a] == w[b] && a < b); }
-
-// Whether a belongs nearer the root than b: best_root heaps keep the best token at the root,
-// the others the worst.
-static bool above(const float *w, int a, int b, bool best_root) {
-    return best_root ? better(w, a, b) : better(w, b, a);
-}
-
-static void sift_down(const float *w, int *h, int n, int i, bool best_root) {
-    for (;;) {
-        int c = 2 * i + 1;
-        if (c >= n) return;
-        if (c + 1 < n && above(w, h[c + 1], h[c], best_root)) c++;
-        if (!above(w, h[c], h[i], best_root)) return;
-        int t = h[i];
-        h[i] = h[c];
-        h[c] = t;
-        i = c;
-    }
-}
-
-static void heapify(const float *w, int *h, int n, bool best_root) {
-    for (int i = n / 2 - 1; i >= 0; i--) sift_down(w, h, n, i, best_root);
-}
-
-// Leaves the k best tokens of 0..vocab-1 in h[0..k).
-static void select_top_k(const float *w, int vocab, int k, int *h) {
-    for (int j = 0; j < k; j++) h[j] = j;
-    heapify(w, h, k, false);
-    for (int j = k; j < vocab; j++) {
-        if (better(w, j, h[0])) {
-            h[0] = j;
-            sift_down(w, h, k, 0, false);
-        }
-    }
-}
-
-// Reduces the n candidates in h to the smallest best-first prefix whose weight reaches
-// top_p * mass (mass = their total weight). The nucleus ends up in h[*first..n); returns its
-// weight.
-static double select_top_p(const float *w, int *h, int n, double mass, float top_p, int *first) {
-    double target = (double)top_p * mass;
-    double cum = 0.0;
-    heapify(w, h, n, true);
-    int m = n;
-    while (m > 0) {
-        int best = h[0];
-        h[0] = h[m - 1];
-        h[m - 1] = best;
-        m--;
-        sift_down(w, h, m, 0, true);
-        cum += (double)w[best];
-        if (cum >= target) break;
-    }
-    *first = m;
-    return cum;
-}
-
 // --- sampling ------------------------------------------------------------------------------
 
 static int argmax(const float *logits, int vocab) {
@@ -188,25 +128,6 @@ static int argmax(const float *logits, int vocab) {
     for (int j = 1; j < vocab; j++)
         if (logits[j] > logits[best] || (isnan(logits[best]) && !isnan(logits[j]))) best = j;
     return best;
-}
-
-// Inverse-CDF draw over the candidates ids[0..n) (ids NULL: tokens 0..n-1) with total weight
-// mass. Zero-weight tokens are never chosen; when rounding leaves u * mass at or past the
-// accumulated total, the last positive candidate is taken.
-static int draw(const float *w, const int *ids, int n, double mass, rng_t *rng) {
-    double target = (double)rng_uniform(rng) * mass;
-    double cum = 0.0;
-    int last = -1;
-    for (int i = 0; i < n; i++) {
-        int id = ids ? ids[i] : i;
-        if (!(w[id] > 0)) continue;
-        cum += (double)w[id];
-        last = id;
-        if (cum > target) return id;
-    }
-    // Only reachable without any positive weight when the logits themselves are degenerate
-    // (NaN or all -inf); any candidate is as good as another then.
-    return last >= 0 ? last : (ids ? ids[0] : 0);
 }
 
 int sampler_sample(const sampler_params_t *p, rng_t *rng, const float *logits, int vocab, sampler_scratch_t *s,
@@ -218,34 +139,10 @@ int sampler_sample(const sampler_params_t *p, rng_t *rng, const float *logits, i
         return tok;
     }
     ASSERT(rng != NULL && s != NULL && s->vocab >= vocab);
-
-    double temp = (double)p->temperature;
-    float *w = s->probs;
-    double mass;
-    double lse = tempered_lse(logits, vocab, temp, w, &mass);
-
-    const int *ids = NULL;
-    int n = vocab;
-    if (p->top_k > 0 && p->top_k < vocab) {
-        select_top_k(w, vocab, p->top_k, s->idx);
-        ids = s->idx;
-        n = p->top_k;
-        mass = 0.0;
-        for (int i = 0; i < n; i++) mass += (double)w[ids[i]];
-    }
-    if (p->top_p < 1.0f) {
-        if (!ids) {
-            for (int j = 0; j < vocab; j++) s->idx[j] = j;
-            ids = s->idx;
-        }
-        int first;
-        // The nucleus is taken relative to what top-k kept, as top-p runs on the top-k
-        // renormalised distribution.
-        mass = select_top_p(w, s->idx, n, mass, p->top_p, &first);
-        ids = s->idx + first;
-        n -= first;
-    }
-    int tok = draw(w, ids, n, mass, rng);
-    if (logprob) *logprob = (float)((double)logits[tok] / temp - lse);
+    // temperature, top-k, top-p and the inverse-CDF draw: the CPU backend's sample op, row by row
+    // (one uniform draw per non-greedy sample)
+    float u = rng_uniform(rng), lp;
+    int tok = kernels_cpu_sample_row(logits, vocab, p->temperature, p->top_k, p->top_p, u, s->probs, s->idx, &lp);
+    if (logprob) *logprob = lp;
     return tok;
 }

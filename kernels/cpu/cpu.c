@@ -797,8 +797,8 @@ static int smp_draw(const float *w, const int *ids, int n, double mass, float u)
 }
 
 // One row; w (V floats) and idx (V ints) are scratch.
-static int32_t sample_row(const float *logits, int vocab, float temperature, int top_k, float top_p, float u,
-                          float *w, int *idx, float *logprob) {
+int32_t kernels_cpu_sample_row(const float *logits, int vocab, float temperature, int top_k, float top_p, float u,
+                               float *w, int *idx, float *logprob) {
     if (!(temperature > 0)) {
         int tok = smp_argmax(logits, vocab);
         double lse = smp_tempered_lse(logits, vocab, 1.0, NULL, NULL);
@@ -847,7 +847,8 @@ static void cpu_sample(int32_t *tokens, float *logprobs, const float *logits, in
 #pragma omp for schedule(dynamic, 1)
         for (int r = 0; r < n; r++) {
             float lp;
-            tokens[r] = sample_row(logits + (size_t)r * V, V, temperature[r], top_k[r], top_p[r], u[r], w, idx, &lp);
+            tokens[r] = kernels_cpu_sample_row(logits + (size_t)r * V, V, temperature[r], top_k[r], top_p[r], u[r], w,
+                                               idx, &lp);
             if (logprobs) logprobs[r] = lp;
         }
         free(w);

@@ -303,6 +303,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
         fail("cublasGemmEx: A, B or C is not device memory");
     float al = *(const float *)alpha, be = *(const float *)beta;
     float *Cf = (float *)C;
+    dev_scope open;
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
             float s = 0.0f;
