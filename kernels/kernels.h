@@ -179,5 +179,9 @@ const kernels_t *kernels_cpu(void);
 // sampler cannot drift apart. Returns the token; *logprob as the op defines it.
 int32_t kernels_cpu_sample_row(const float *logits, int V, float temperature, int top_k, float top_p, float u,
                                float *w, int *idx, float *logprob);
+// log sum_j exp(logits[j] / T) in double (max-shifted); with w, also w[j] = exp(logits[j]/T - max)
+// as floats and *wsum their sum. The sampler's log-probs and the sample op use this one function,
+// so a sampled token's log-prob equals a separate sampler_logprob of it bit for bit.
+double kernels_cpu_tempered_lse(const float *logits, int V, double temperature, float *w, double *wsum);
 
 #endif

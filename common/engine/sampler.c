@@ -54,33 +54,14 @@ float rng_uniform(rng_t *r) {
 
 static double effective_temp(float t) { return t > 0 ? (double)t : 1.0; }
 
-// Fills w[j] = exp(z_j/T - m) (when w is not NULL) and returns log sum_j exp(z_j/T - m) + m.
-// sampler_logprob and sampler_sample both go through here so the reported log-prob of a
-// sampled token is bit-identical to a separate sampler_logprob call. *wsum receives the sum of
-// the stored float weights, the normaliser consistent with walking w.
-static double tempered_lse(const float *logits, int vocab, double temp, float *w, double *wsum) {
-    float zmax = logits[0];
-    for (int j = 1; j < vocab; j++)
-        if (logits[j] > zmax) zmax = logits[j];
-    double m = (double)zmax / temp;
-    double sum = 0.0, fsum = 0.0;
-    for (int j = 0; j < vocab; j++) {
-        double e = exp((double)logits[j] / temp - m);
-        sum += e;
-        if (w) {
-            w[j] = (float)e;
-            fsum += (double)w[j];
-        }
-    }
-    if (wsum) *wsum = fsum;
-    return m + log(sum);
-}
-
+// The log-sum-exp of the tempered logits is the CPU backend's (kernels_cpu_tempered_lse), which
+// its sample op and so sampler_sample use too: the reported log-prob of a sampled token is
+// bit-identical to a separate sampler_logprob call.
 float sampler_logprob(const float *logits, int vocab, float temperature, int token) {
     ASSERT(logits != NULL && vocab > 0);
     ASSERT(token >= 0 && token < vocab);
     double temp = effective_temp(temperature);
-    double lse = tempered_lse(logits, vocab, temp, NULL, NULL);
+    double lse = kernels_cpu_tempered_lse(logits, vocab, temp, NULL, NULL);
     return (float)((double)logits[token] / temp - lse);
 }
 

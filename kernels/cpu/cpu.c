@@ -691,15 +691,14 @@ static void cpu_logprob_bwd(float *logits, const float *dlogp, const int32_t *ta
 }
 
 // --- sampling ----------------------------------------------------------------------------------
-// A copy of common/engine/sampler.c's sampler_sample (kernels use nothing of the rest of the
-// project), operation for operation: the same float weights, the same double sums in the same
-// order, the same heaps and so the same candidate order for the inverse-CDF draw, whose uniform
-// number comes from the caller instead of the RNG. tests/unit/test_kernel_ops.c checks that both
-// give the same tokens and log-probs; keep the two in step.
+// The sampler of the whole project: common/engine/sampler.c's sampler_sample draws its uniform
+// number from the sequence's RNG and calls kernels_cpu_sample_row; the sample op runs it over
+// rows with the caller's uniform numbers. The GPU backend rebuilds the same candidate order (the
+// same heaps) for its inverse-CDF draw; tests/unit/test_kernel_ops.c and tests/gpu check both.
 
 // Fills w[j] = exp(z_j/T - m) (when w is not NULL) and returns log sum_j exp(z_j/T - m) + m;
 // *wsum receives the sum of the stored float weights.
-static double smp_tempered_lse(const float *logits, int vocab, double temp, float *w, double *wsum) {
+double kernels_cpu_tempered_lse(const float *logits, int vocab, double temp, float *w, double *wsum) {
     float zmax = logits[0];
     for (int j = 1; j < vocab; j++)
         if (logits[j] > zmax) zmax = logits[j];
@@ -801,13 +800,13 @@ int32_t kernels_cpu_sample_row(const float *logits, int vocab, float temperature
                                float *w, int *idx, float *logprob) {
     if (!(temperature > 0)) {
         int tok = smp_argmax(logits, vocab);
-        double lse = smp_tempered_lse(logits, vocab, 1.0, NULL, NULL);
+        double lse = kernels_cpu_tempered_lse(logits, vocab, 1.0, NULL, NULL);
         *logprob = (float)((double)logits[tok] / 1.0 - lse);
         return tok;
     }
     double temp = (double)temperature;
     double mass;
-    double lse = smp_tempered_lse(logits, vocab, temp, w, &mass);
+    double lse = kernels_cpu_tempered_lse(logits, vocab, temp, w, &mass);
     const int *ids = NULL;
     int n = vocab;
     if (top_k > 0 && top_k < vocab) {
