@@ -143,8 +143,7 @@ Test(dist, a_rank_that_never_joins_fails_everyone_in_time) {
 static int die_after_join(int rank, int world) {
     char err[ERR_LEN];
     dist_t *d = dist_open(rank, world, ep, 10, err);
-    (void)d;
-    zsys_shutdown();
+    // a crash: no goodbye, nothing closed or flushed
     _exit(d ? 0 : 1);
 }
 static int expect_sum_failure(int rank, int world) {
