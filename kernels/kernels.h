@@ -72,6 +72,10 @@ typedef struct kernels {
     void (*to_host)(void *dst, const void *src, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);   // device to device
     void (*zero)(void *p, size_t bytes);
+    // Row scatter: dst + off[r] (in floats; off is a HOST array) receives src row r (row_len
+    // floats, src (n, row_len) contiguous), for r < n. Destination rows must not overlap. One call
+    // appends a step's K (or V) rows of a layer to the paged cache, instead of a copy per row.
+    void (*scatter_rows)(float *dst, const size_t *off, const float *src, int n, int row_len);
 
     // --- dense ----------------------------------------------------------------------------
     // C (M,N) = alpha * op(A) op(B) + beta * C; op(A) is (M,K), op(B) is (K,N).

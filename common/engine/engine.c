@@ -54,6 +54,7 @@ struct engine {
     int32_t *tok, *pos, *lrow, *ltgt;
     const int **tables;
     float *lw, *lbuf;
+    size_t *kvoff;         // (rows) K/V row offsets of a step in the cache's pools
     size_t idx_cap;
     buf_t act, scratch, logits, grad, dxf;
 };
@@ -85,6 +86,7 @@ void engine_destroy(engine_t **pe) {
     lora_plan_free(&e->plan);
     free(e->order), free(e->row_slot), free(e->row_seq), free(e->seq_row0), free(e->tab_seq);
     free(e->tok), free(e->pos), free(e->lrow), free(e->ltgt), free(e->tables), free(e->lw), free(e->lbuf);
+    free(e->kvoff);
     e->k->free(e->act.p), e->k->free(e->scratch.p), e->k->free(e->logits.p), e->k->free(e->grad.p);
     e->k->free(e->dxf.p);
     free(e);
@@ -110,6 +112,7 @@ static void ensure_idx(engine_t *e, size_t n) {
     e->tables = xrealloc(e->tables, c * sizeof(int *));
     e->lw = xrealloc(e->lw, c * sizeof(float));
     e->lbuf = xrealloc(e->lbuf, c * 4 * sizeof(float));
+    e->kvoff = xrealloc(e->kvoff, c * sizeof(size_t));
     e->idx_cap = c;
 }
 
@@ -164,19 +167,10 @@ static void layer_forward(engine_t *e, int l, acts_t *a, const fwd_ctx_t *c, flo
     k->rope(a->q, c->pos, N, H, hd, e->m->rope_cos, e->m->rope_sin, false);
     k->rope(a->k, c->pos, N, cf->num_key_value_heads, hd, e->m->rope_cos, e->m->rope_sin, false);
     if (c->kc) {
-        // Append the rows' K/V to the cache: one backend copy per run of rows that are contiguous
-        // in the pool (same sequence, consecutive positions, one block), so a prefill chunk takes
-        // a few copies and a decode row one.
-        int bs = kvcache_block_size(c->kc);
-        for (int i = 0, j; i < N; i = j) {
-            for (j = i + 1; j < N && c->row_kvseq[j] == c->row_kvseq[i] && c->pos[j] == c->pos[j - 1] + 1 &&
-                            c->pos[j] % bs != 0;
-                 j++) {
-            }
-            size_t bytes = (size_t)(j - i) * KVd * sizeof(float);
-            k->copy(kvcache_k(c->kc, c->row_kvseq[i], l, c->pos[i]), a->k + (size_t)i * KVd, bytes);
-            k->copy(kvcache_v(c->kc, c->row_kvseq[i], l, c->pos[i]), a->v + (size_t)i * KVd, bytes);
-        }
+        // Append the rows' K/V to the cache: one row scatter per pool (the same offsets in both)
+        for (int i = 0; i < N; i++) e->kvoff[i] = kvcache_row_offset(c->kc, c->row_kvseq[i], l, c->pos[i]);
+        k->scatter_rows(kvcache_pool(c->kc, false), e->kvoff, a->k, N, KVd);
+        k->scatter_rows(kvcache_pool(c->kc, true), e->kvoff, a->v, N, KVd);
         kvcache_view_t v = kvcache_layer_view(c->kc, c->row_kvseq[0], l);
         kern_paged_attn_t pa = *c->paged;
         pa.k_base = v.k;

@@ -299,6 +299,12 @@ static float *row_ptr(const kvcache_t *kc, float *pool, int seq, int layer, int 
 
 float *kvcache_k(kvcache_t *kc, int seq, int layer, int pos) { return row_ptr(kc, kc->k_pool, seq, layer, pos); }
 
+size_t kvcache_row_offset(kvcache_t *kc, int seq, int layer, int pos) {
+    return (size_t)(row_ptr(kc, kc->k_pool, seq, layer, pos) - kc->k_pool);
+}
+
+float *kvcache_pool(kvcache_t *kc, bool values) { return values ? kc->v_pool : kc->k_pool; }
+
 float *kvcache_v(kvcache_t *kc, int seq, int layer, int pos) { return row_ptr(kc, kc->v_pool, seq, layer, pos); }
 
 kvcache_view_t kvcache_layer_view(const kvcache_t *kc, int seq, int layer) {

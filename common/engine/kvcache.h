@@ -21,6 +21,7 @@
 #ifndef MARLAAS_KVCACHE_H
 #define MARLAAS_KVCACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/util/util.h"
@@ -77,6 +78,11 @@ typedef struct {
     int block_size;
 } kvcache_view_t;
 kvcache_view_t kvcache_layer_view(const kvcache_t *kc, int seq, int layer);
+// Offset in floats of position pos of seq in layer from the start of its pool: the same in the K
+// and the V pool (kvcache_k / kvcache_v = pool + this offset).
+size_t kvcache_row_offset(kvcache_t *kc, int seq, int layer, int pos);
+// The pools (backend memory): K, or V when values is set.
+float *kvcache_pool(kvcache_t *kc, bool values);
 
 int kvcache_free_blocks(const kvcache_t *kc);
 int kvcache_total_blocks(const kvcache_t *kc);

@@ -210,6 +210,11 @@ static inline __attribute__((always_inline)) float dot(const float *restrict a, 
     return s;
 }
 
+static void cpu_scatter_rows(float *dst, const size_t *off, const float *src, int n, int row_len) {
+#pragma omp parallel for schedule(static) if (n > 64)
+    for (int r = 0; r < n; r++) memcpy(dst + off[r], src + (size_t)r * row_len, sizeof(float) * (size_t)row_len);
+}
+
 static void cpu_embed(float *out, const float *table, const int32_t *tokens, int n, int dim) {
 #pragma omp parallel for schedule(static) if (n > 64)
     for (int i = 0; i < n; i++) memcpy(out + (size_t)i * dim, table + (size_t)tokens[i] * dim, dim * sizeof(float));
@@ -885,6 +890,7 @@ static const kernels_t cpu_kernels = {
     .scale = cpu_scale,
     .sumsq = cpu_sumsq,
     .all_finite = cpu_all_finite,
+    .scatter_rows = cpu_scatter_rows,
     .embed = cpu_embed,
     .embed_bwd = cpu_embed_bwd,
     .rmsnorm = cpu_rmsnorm,

@@ -497,6 +497,26 @@ __global__ void __launch_bounds__(ROW_BLOCK) k_embed(float *out, const float *ta
     for (int j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = src[j];
 }
 
+// scatter_rows: one block of ROW_BLOCK threads per row (grid n), threads over the row's columns;
+// any row length (a block loops), n up to 2^31 - 1. The offsets are uploaded with the call.
+__global__ void __launch_bounds__(ROW_BLOCK) k_scatter_rows(float *dst, const size_t *off, const float *src,
+                                                            int row_len) {
+    size_t r = blockIdx.x;
+    float *d = dst + off[r];
+    const float *x = src + r * (size_t)row_len;
+    for (int j = threadIdx.x; j < row_len; j += blockDim.x) d[j] = x[j];
+}
+
+static void cuda_scatter_rows(float *dst, const size_t *off, const float *src, int n, int row_len) {
+    if (n <= 0 || row_len <= 0) return;
+    ensure_init();
+    std::lock_guard<std::mutex> lk(g.mu);
+    upload_t up;
+    size_t o_off = up.put(off, sizeof(size_t) * (size_t)n);
+    unsigned char *d = up.commit();
+    LAUNCH(k_scatter_rows, (unsigned)n, ROW_BLOCK, dst, at<size_t>(d, o_off), src, row_len);
+}
+
 static void check_tokens(const char *op, const int32_t *tok, int n) {
     for (int i = 0; i < n; i++)
         if (tok[i] < 0) die_size(op, "token %d at row %d is negative", (int)tok[i], i);
@@ -1927,6 +1947,7 @@ static kernels_t make_table(void) {
     k.scale = cuda_scale;
     k.sumsq = cuda_sumsq;
     k.all_finite = cuda_all_finite;
+    k.scatter_rows = cuda_scatter_rows;
     k.embed = cuda_embed;
     k.embed_bwd = cuda_embed_bwd;
     k.rmsnorm = cuda_rmsnorm;

@@ -198,7 +198,7 @@ Test(cuda, table_complete) {
         (const void *)G->attn_fwd,    (const void *)G->attn_bwd,      (const void *)G->lora_shrink,
         (const void *)G->lora_expand, (const void *)G->token_logprobs, (const void *)G->logprob_bwd,
         (const void *)G->adamw,       (const void *)G->gemm_bf16w,    (const void *)G->to_bf16,
-        (const void *)G->from_bf16,   (const void *)G->sample,
+        (const void *)G->from_bf16,   (const void *)G->sample,        (const void *)G->scatter_rows,
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) cr_assert(fns[i] != NULL, "table entry %zu is NULL", i);
     cr_assert_eq(sizeof(kernels_t), sizeof(const char *) + sizeof fns, "kernels_t gained an entry this test does not list");
@@ -484,6 +484,29 @@ Test(cuda, embed) {
         C->embed_bwd(table, g, tok, n, dim);   // += into the (random) table
         G->embed_bwd(dtab, dg, tok, n, dim);
         expect_close("embed_bwd", hback(dtab, (size_t)V * dim), table, (size_t)V * dim, 1e-6, 1e-6);
+    }
+}
+
+// scatter_rows: exact (copies). Rows go to shuffled, gapped offsets of a larger buffer whose other
+// entries must stay untouched.
+Test(cuda, scatter_rows) {
+    static const int lens[] = {1, 3, 128, 257};
+    seed(11);
+    for (int li = 0; li < 4; li++) {
+        int n = 45, len = lens[li], slots = 2 * n + 3;
+        size_t off[45];
+        int *perm = ibuf((size_t)slots);
+        for (int i = 0; i < slots; i++) perm[i] = i;
+        for (int i = slots - 1; i > 0; i--) {
+            int j = irand(i + 1), t = perm[i];
+            perm[i] = perm[j], perm[j] = t;
+        }
+        for (int r = 0; r < n; r++) off[r] = (size_t)perm[r] * len;
+        float *dst = hrand((size_t)slots * len, -1, 1), *src = hrand((size_t)n * len, -1, 1);
+        float *ddst = dcopy(dst, (size_t)slots * len), *dsrc = dcopy(src, (size_t)n * len);
+        C->scatter_rows(dst, off, src, n, len);
+        G->scatter_rows(ddst, off, dsrc, n, len);
+        expect_equal("scatter_rows", hback(ddst, (size_t)slots * len), dst, (size_t)slots * len);
     }
 }
 

@@ -333,3 +333,20 @@ Test(kernel_ops, sample_many_draws) {
     compare_rows(V, NR, T, Kk, P, 1, 99);
     compare_rows(V, NR, T, Kk, P, 0, 98);
 }
+
+// scatter_rows on the CPU: every row lands at its offset, nothing else changes; n = 0 is a no-op.
+Test(kernel_ops, scatter_rows) {
+    const kernels_t *k = kernels_cpu();
+    enum { N = 7, LEN = 5, SLOTS = 16 };
+    float dst[SLOTS * LEN], want[SLOTS * LEN], src[N * LEN];
+    size_t off[N] = {3 * LEN, 0, 15 * LEN, 7 * LEN, 1 * LEN + 0, 9 * LEN, 12 * LEN};
+    tk_state = 5;
+    for (int i = 0; i < SLOTS * LEN; i++) dst[i] = want[i] = tk_unif(-1, 1);
+    for (int i = 0; i < N * LEN; i++) src[i] = tk_unif(-1, 1);
+    for (int r = 0; r < N; r++)
+        for (int j = 0; j < LEN; j++) want[off[r] + (size_t)j] = src[r * LEN + j];
+    k->scatter_rows(dst, off, src, N, LEN);
+    cr_assert_eq(memcmp(dst, want, sizeof dst), 0);
+    k->scatter_rows(dst, off, src, 0, LEN);
+    cr_assert_eq(memcmp(dst, want, sizeof dst), 0);
+}
