@@ -19,6 +19,7 @@
 #include "common/net/dist_nccl.h"
 #include "common/util/util.h"
 #include "kernels/cuda/cuda.h"
+#include "tests/unit/testbits.h"
 
 // CUDA does not survive fork(), and the two-rank tests fork: the test process itself never
 // initialises CUDA; a throwaway child answers whether a GPU is usable and how many there are.
@@ -60,17 +61,6 @@ static void setup(void) {
 }
 TestSuite(nccl, .init = setup, .timeout = 120);
 
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    bind(fd, (struct sockaddr *)&a, sizeof a);
-    socklen_t l = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &l);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 #define N 4097
 
 // One rank: sums N floats (rank r contributes r + i) on GPU `rank`; returns 0 when the result
@@ -107,7 +97,7 @@ static int rank_main(int rank, int world, const char *ep, int skip_sum, double t
 
 Test(nccl, one_rank_sums_in_place) {
     char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", free_port());
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", tu_free_port());
     char err[ERR_LEN] = "";
     int rc = rank_main(0, 1, ep, 0, 30, err);
     cr_assert_eq(rc, 0, "rc %d: %s", rc, err);
@@ -118,7 +108,7 @@ static int n_gpus(void) { return gpus; }
 Test(nccl, two_ranks_two_gpus) {
     if (n_gpus() < 2) cr_skip_test("two-rank NCCL test needs 2 GPUs (%d visible)", n_gpus());
     char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", free_port());
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", tu_free_port());
     pid_t p = fork();
     if (p == 0) {
         char err[ERR_LEN] = "";
@@ -138,7 +128,7 @@ Test(nccl, two_ranks_two_gpus) {
 Test(nccl, a_hung_rank_fails_the_other_at_its_timeout) {
     if (n_gpus() < 2) cr_skip_test("two-rank NCCL test needs 2 GPUs (%d visible)", n_gpus());
     char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", free_port());
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", tu_free_port());
     pid_t p = fork();
     if (p == 0) {
         char err[ERR_LEN] = "";

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "kernels/cuda/cuda.h"
+#include "tests/unit/testbits.h"
 
 static const kernels_t *G;   // cuda
 static const kernels_t *C;   // cpu (reference)
@@ -341,12 +342,6 @@ Test(cuda, all_finite) {
 
 // --- bf16 -------------------------------------------------------------------------------------------------
 
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
 // Exact: the same integer rounding on both sides. Every bf16 pattern with low halves around the
 // rounding midpoint (ties included), NaN payloads, infinities, subnormals, at odd offsets.
 Test(cuda, bf16_convert) {
@@ -365,7 +360,7 @@ Test(cuda, bf16_convert) {
     C->to_bf16(hb + 1, x + 1, n - 1);
     G->to_host(back + 1, db + 1, 2 * (n - 1));
     for (size_t i = 1; i < n; i++)
-        cr_assert(back[i] == hb[i], "to_bf16(0x%08x): cuda 0x%04x, cpu 0x%04x", f2u(x[i]), back[i], hb[i]);
+        cr_assert(back[i] == hb[i], "to_bf16(0x%08x): cuda 0x%04x, cpu 0x%04x", tu_f2u(x[i]), back[i], hb[i]);
     float *df = dmem(sizeof(float) * n), *hf = hbuf(n);
     G->from_bf16(df + 1, db + 1, n - 1);
     C->from_bf16(hf + 1, hb + 1, n - 1);

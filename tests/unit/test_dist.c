@@ -17,20 +17,10 @@
 
 #include "common/net/dist.h"
 #include "common/util/util.h"
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    bind(fd, (struct sockaddr *)&a, sizeof a);
-    socklen_t l = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &l);
-    close(fd);
-    return ntohs(a.sin_port);
-}
+#include "tests/unit/testbits.h"
 
 static char ep[64];
-static void new_endpoint(void) { snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", free_port()); }
+static void new_endpoint(void) { snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", tu_free_port()); }
 
 // Child processes report through their exit status: 0 = as expected.
 static pid_t spawn(int (*fn)(int rank, int world), int rank, int world) {

@@ -9,18 +9,7 @@
 
 #include "common/engine/sampler.h"
 #include "kernels/kernels.h"
-
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+#include "tests/unit/testbits.h"
 
 // splitmix64: fixed inputs every run.
 static uint64_t tk_state;
@@ -39,13 +28,13 @@ static float tk_unif(float lo, float hi) { return lo + (hi - lo) * (float)((tk_n
 // IEEE overflow does.
 static double bf16_value(uint16_t h) {
     if ((h & 0x7fff) == 0x7f80) return (h & 0x8000) ? -0x1p128 : 0x1p128;
-    return (double)u2f((uint32_t)h << 16);
+    return (double)tu_u2f((uint32_t)h << 16);
 }
 
 // Reference rounding of a non-NaN float: the nearer of the two bf16 neighbours (truncation and
 // the next pattern away from zero), the even one on a tie. Independent of the bit trick.
 static uint16_t ref_to_bf16(float f) {
-    uint32_t u = f2u(f);
+    uint32_t u = tu_f2u(f);
     uint16_t lo = (uint16_t)(u >> 16);
     if ((u & 0xffff) == 0 || (lo & 0x7fff) == 0x7f80) return lo;   // exact, or inf
     uint16_t hi = (uint16_t)(lo + 1);
@@ -68,18 +57,18 @@ Test(kernel_ops, bf16_rounding_every_pattern) {
     for (uint32_t h = 0; h < 65536; h++)
         for (int l = 0; l < NL; l++) {
             uint32_t low = l < NL - 2 ? lows[l] : (uint32_t)(tk_next() & 0xffff);
-            src[(size_t)h * NL + l] = u2f((h << 16) | low);
+            src[(size_t)h * NL + l] = tu_u2f((h << 16) | low);
         }
     K->to_bf16(dst, src, n);
     for (size_t i = 0; i < n; i++) {
         float f = src[i];
         if (isnan(f)) {
-            uint16_t want = (uint16_t)((f2u(f) >> 16) | 0x40);
-            cr_assert(dst[i] == want, "NaN 0x%08x -> 0x%04x, want 0x%04x (quiet, sign and upper payload kept)", f2u(f),
+            uint16_t want = (uint16_t)((tu_f2u(f) >> 16) | 0x40);
+            cr_assert(dst[i] == want, "NaN 0x%08x -> 0x%04x, want 0x%04x (quiet, sign and upper payload kept)", tu_f2u(f),
                       dst[i], want);
         } else {
             uint16_t want = ref_to_bf16(f);
-            cr_assert(dst[i] == want, "%.9g (0x%08x) -> 0x%04x, want 0x%04x", f, f2u(f), dst[i], want);
+            cr_assert(dst[i] == want, "%.9g (0x%08x) -> 0x%04x, want 0x%04x", f, tu_f2u(f), dst[i], want);
         }
     }
     K->free(src);
@@ -115,12 +104,12 @@ Test(kernel_ops, bf16_special_values) {
     };
     int nc = (int)(sizeof cases / sizeof cases[0]);
     for (int i = 0; i < nc; i++) {
-        float f = u2f(cases[i].in), back;
+        float f = tu_u2f(cases[i].in), back;
         uint16_t h;
         K->to_bf16(&h, &f, 1);
         cr_assert(h == cases[i].out, "to_bf16(0x%08x) = 0x%04x, want 0x%04x", cases[i].in, h, cases[i].out);
         K->from_bf16(&back, &h, 1);
-        cr_assert(f2u(back) == (uint32_t)h << 16, "from_bf16(0x%04x) = 0x%08x", h, f2u(back));
+        cr_assert(tu_f2u(back) == (uint32_t)h << 16, "from_bf16(0x%04x) = 0x%08x", h, tu_f2u(back));
         if (isnan(f)) cr_assert(isnan(back));
     }
 }
@@ -134,7 +123,7 @@ Test(kernel_ops, bf16_round_trip) {
     K->from_bf16(f, h, 65536);
     K->to_bf16(h2, f, 65536);
     for (uint32_t i = 0; i < 65536; i++) {
-        cr_assert(f2u(f[i]) == i << 16, "from_bf16(0x%04x) = 0x%08x", i, f2u(f[i]));
+        cr_assert(tu_f2u(f[i]) == i << 16, "from_bf16(0x%04x) = 0x%08x", i, tu_f2u(f[i]));
         uint16_t want = isnan(f[i]) ? (uint16_t)(i | 0x40) : (uint16_t)i;
         cr_assert(h2[i] == want, "to_bf16(from_bf16(0x%04x)) = 0x%04x, want 0x%04x", i, h2[i], want);
     }

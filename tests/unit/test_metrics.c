@@ -13,6 +13,7 @@
 #include "common/net/http.h"
 #include "common/net/metrics.h"
 #include "common/util/util.h"
+#include "tests/unit/testbits.h"
 
 // The sample line of a series ("name value" or "name{job_id=...} value"), or NULL.
 static const char *line_of(const char *text, const char *series, char *out, size_t n) {
@@ -204,24 +205,12 @@ static char *request(int port, const char *method, const char *path) {
     return buf;
 }
 
-// A free loopback port (bind to 0, read it back, close).
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    bind(fd, (struct sockaddr *)&a, sizeof a);
-    socklen_t l = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &l);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 Test(http, serves_the_three_endpoints_over_a_socket) {
     metrics_t *m = metrics_new("verifier", "v-1");
     int f = metrics_def(m, "marlaas_verifier_samples_total", MET_COUNTER, "Samples.");
     metrics_add(m, f, NULL, 12);
     char setting[64], err[ERR_LEN];
-    int port = free_port();
+    int port = tu_free_port();
     snprintf(setting, sizeof setting, "127.0.0.1:%d", port);
     http_srv_t *h = http_start(setting, m, err);
     cr_assert_not_null(h, "%s", err);

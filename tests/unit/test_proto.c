@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/net/proto.h"
+#include "tests/unit/testbits.h"
 
 // Criterion runs each test in a child process and ignores how it exits once the test has
 // reported, so a leak report from LeakSanitizer or valgrind at exit would not fail anything:
@@ -55,18 +56,6 @@ static void leak_check(void) {
 
 // The longest id on the wire: ids leave room for a NUL in char[PROTO_MAX_ID].
 #define ID_LEN (PROTO_MAX_ID - 1)
-
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 static uint64_t d2u(double d) {
     uint64_t u;
@@ -224,10 +213,10 @@ static proto_group_t fx_groups[2];
 
 static proto_batch_t fx_batch(void) {
     // -0, the smallest denormal, -inf and a NaN with a payload: all must arrive bit for bit.
-    fx_lp[0] = u2f(0x80000000u);
-    fx_lp[1] = u2f(0x00000001u);
-    fx_lp[2] = u2f(0xff800000u);
-    fx_lp[3] = u2f(0x7fc12345u);
+    fx_lp[0] = tu_u2f(0x80000000u);
+    fx_lp[1] = tu_u2f(0x00000001u);
+    fx_lp[2] = tu_u2f(0xff800000u);
+    fx_lp[3] = tu_u2f(0x7fc12345u);
     fx_samples[0] = (proto_sample_t){.n = 4, .tokens = fx_tok, .logprobs = fx_lp, .text = "Ответ: 4 ✓",
                                      .finish = PROTO_FIN_EOS, .reward = 0.75f, .failed = 0};
     fx_samples[1] = (proto_sample_t){.n = 0, .text = "", .finish = PROTO_FIN_LENGTH, .reward = -1.0f, .failed = 1};
@@ -329,8 +318,8 @@ static void cmp_task(const proto_task_t *a, const proto_task_t *b) {
     cr_assert_eq(a->kind, b->kind);
     cr_assert_eq(a->group, b->group);
     cr_assert_eq(a->max_new, b->max_new);
-    cr_assert_eq(f2u(a->temperature), f2u(b->temperature));
-    cr_assert_eq(f2u(a->top_p), f2u(b->top_p));
+    cr_assert_eq(tu_f2u(a->temperature), tu_f2u(b->temperature));
+    cr_assert_eq(tu_f2u(a->top_p), tu_f2u(b->top_p));
     cr_assert_eq(a->top_k, b->top_k);
     cr_assert_eq(a->seed, b->seed);
     cr_assert_eq(a->n_items, b->n_items);
@@ -345,7 +334,7 @@ static void cmp_batch(const proto_batch_t *a, const proto_batch_t *b) {
     cr_assert_str_eq(a->job, b->job);
     cr_assert_eq(a->adapter_version, b->adapter_version);
     cr_assert_eq(a->kind, b->kind);
-    cr_assert_eq(f2u(a->temperature), f2u(b->temperature));
+    cr_assert_eq(tu_f2u(a->temperature), tu_f2u(b->temperature));
     cr_assert_str_eq(a->worker, b->worker);
     cr_assert_eq(d2u(a->gen_seconds), d2u(b->gen_seconds));
     cr_assert_eq(a->n_groups, b->n_groups);
@@ -360,11 +349,11 @@ static void cmp_batch(const proto_batch_t *a, const proto_batch_t *b) {
             cr_assert_eq(s->n, r->n, "group %u sample %u", i, j);
             for (uint32_t t = 0; t < s->n; t++) {
                 cr_assert_eq(s->tokens[t], r->tokens[t], "group %u sample %u token %u", i, j, t);
-                cr_assert_eq(f2u(s->logprobs[t]), f2u(r->logprobs[t]), "group %u sample %u logprob %u", i, j, t);
+                cr_assert_eq(tu_f2u(s->logprobs[t]), tu_f2u(r->logprobs[t]), "group %u sample %u logprob %u", i, j, t);
             }
             cr_assert_str_eq(s->text, r->text);
             cr_assert_eq(s->finish, r->finish);
-            cr_assert_eq(f2u(s->reward), f2u(r->reward));
+            cr_assert_eq(tu_f2u(s->reward), tu_f2u(r->reward));
             cr_assert_eq(s->failed, r->failed);
         }
     }
@@ -1179,7 +1168,7 @@ PROTO_TEST(reply_rules) {
     proto_task_t tk;
     cr_assert_eq(proto_task_decode(sb.data, sb.size, &tk, err), 0, "%s", err);
     cr_assert_eq(tk.temperature, 2.0f);
-    cr_assert_eq(f2u(tk.top_p), f2u(0.1f));
+    cr_assert_eq(tu_f2u(tk.top_p), tu_f2u(0.1f));
     proto_task_free(&tk);
     msgpack_sbuffer_destroy(&sb);
     tree_close(&t);
@@ -1778,7 +1767,7 @@ PROTO_TEST(episode_batch_round_trip) {
     cr_assert_eq(d.max_turns, 4);
     cr_assert_eq(d.max_ctx, 100);
     cr_assert_eq(d.seed, 77);
-    cr_assert_eq(f2u(d.top_p), f2u(0.9f));
+    cr_assert_eq(tu_f2u(d.top_p), tu_f2u(0.9f));
     const proto_sample_t *e = d.groups[0].samples;
     cr_assert_not_null(e[0].env);
     cr_assert_eq(memcmp(e[0].env, env0, 5), 0);
@@ -1791,7 +1780,7 @@ PROTO_TEST(episode_batch_round_trip) {
     cr_assert_eq(e[1].rewarded, 1);
     cr_assert_eq(e[1].pending, 0);
     cr_assert_null(e[1].obs);
-    cr_assert_eq(f2u(e[1].reward), f2u(0.75f));
+    cr_assert_eq(tu_f2u(e[1].reward), tu_f2u(0.75f));
     // a single-turn sample reads back as one turn, nothing pending
     cr_assert_null(e[2].env);
     cr_assert_eq(e[2].turns, 1);

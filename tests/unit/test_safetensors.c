@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/formats/safetensors.h"
+#include "tests/unit/testbits.h"
 
 #define TMP_DIR "build/test-tmp"
 
@@ -17,18 +18,6 @@ static void tmp_path(char *buf, size_t n, const char *tag) {
     char err[ERR_LEN];
     cr_assert_eq(util_mkdirs(TMP_DIR, err), 0, "%s", err);
     snprintf(buf, n, TMP_DIR "/st_%s_%d.safetensors", tag, (int)getpid());
-}
-
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
 }
 
 static uint32_t lcg_state;
@@ -76,10 +65,10 @@ typedef struct {
 } sample_t;
 
 static void sample_fill(sample_t *s) {
-    for (int i = 0; i < N_SPECIAL; i++) s->special[i] = u2f(special_bits[i]);
-    s->scalar = u2f(0xFF812345u);
+    for (int i = 0; i < N_SPECIAL; i++) s->special[i] = tu_u2f(special_bits[i]);
+    s->scalar = tu_u2f(0xFF812345u);
     lcg_state = 12345;
-    for (int i = 0; i < 3 * 5 * 7; i++) s->random[i] = u2f(lcg());
+    for (int i = 0; i < 3 * 5 * 7; i++) s->random[i] = tu_u2f(lcg());
 }
 
 static const int64_t shape_special[2] = {3, 4};
@@ -115,9 +104,9 @@ static void check_sample(const st_file_t *f, const sample_t *s, bool with_meta) 
     memset(special, 0, sizeof special);
     cr_assert_eq(st_read_f32(f, "zeta.special", 2, shape_special, special, err), 0, "%s", err);
     cr_assert_eq(memcmp(special, s->special, sizeof special), 0, "special values not bit exact");
-    for (int i = 0; i < N_SPECIAL; i++) cr_assert_eq(f2u(special[i]), special_bits[i], "value %d", i);
+    for (int i = 0; i < N_SPECIAL; i++) cr_assert_eq(tu_f2u(special[i]), special_bits[i], "value %d", i);
     cr_assert_eq(st_read_f32(f, "alpha.scalar", 0, NULL, &scalar, err), 0, "%s", err);
-    cr_assert_eq(f2u(scalar), 0xFF812345u);
+    cr_assert_eq(tu_f2u(scalar), 0xFF812345u);
     cr_assert_eq(st_read_f32(f, "mid.empty", 2, shape_empty, NULL, err), 0, "%s", err);
     cr_assert_eq(st_read_f32(f, "beta.random", 3, shape_random, random, err), 0, "%s", err);
     cr_assert_eq(memcmp(random, s->random, sizeof random), 0, "random values not bit exact");
@@ -298,7 +287,7 @@ Test(safetensors, f16_known_values) {
     for (int i = 0; i < n; i++) vals[i] = cases[i].h;
     read_16bit("F16", vals, n, out);
     for (int i = 0; i < n; i++)
-        cr_assert_eq(f2u(out[i]), f2u(cases[i].f), "half 0x%04x -> %.17g, want %.17g", cases[i].h, out[i],
+        cr_assert_eq(tu_f2u(out[i]), tu_f2u(cases[i].f), "half 0x%04x -> %.17g, want %.17g", cases[i].h, out[i],
                      cases[i].f);
 
     uint16_t special[] = {0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE3F};
@@ -306,10 +295,10 @@ Test(safetensors, f16_known_values) {
     cr_assert(out[0] == 0 && signbit(out[0]), "0x8000 must be -0.0");
     cr_assert(isinf(out[1]) && out[1] > 0);
     cr_assert(isinf(out[2]) && out[2] < 0);
-    cr_assert_eq(f2u(out[3]), 0x7FC00000u);
+    cr_assert_eq(tu_f2u(out[3]), 0x7FC00000u);
     // NaN payloads move into the top of the fp32 mantissa; a signalling NaN stays signalling.
-    cr_assert_eq(f2u(out[4]), 0x7F802000u);
-    cr_assert_eq(f2u(out[5]), 0xFFC7E000u);
+    cr_assert_eq(tu_f2u(out[4]), 0x7F802000u);
+    cr_assert_eq(tu_f2u(out[5]), 0xFFC7E000u);
 }
 
 // Independent reference: the value formula of IEEE binary16, evaluated in double.
@@ -335,7 +324,7 @@ Test(safetensors, f16_all_values) {
     for (int i = 0; i < 65536; i++) {
         int e = (i >> 10) & 0x1f;
         if (e == 0x1f) {
-            cr_assert_eq(f2u(out[i]), (uint32_t)(i & 0x8000) << 16 | 0x7F800000u | (uint32_t)(i & 0x3ff) << 13,
+            cr_assert_eq(tu_f2u(out[i]), (uint32_t)(i & 0x8000) << 16 | 0x7F800000u | (uint32_t)(i & 0x3ff) << 13,
                          "half 0x%04x", i);
         } else {
             double want = half_value((uint16_t)i);
@@ -351,20 +340,20 @@ Test(safetensors, bf16_values) {
     read_16bit("BF16", vals, 9, out);
     cr_assert_eq(out[0], 1.0f);
     cr_assert_eq(out[1], -2.0f);
-    cr_assert_eq(f2u(out[2]), 0x00010000u);
+    cr_assert_eq(tu_f2u(out[2]), 0x00010000u);
     cr_assert_eq(out[2], 9.183549615799121e-41f);
     cr_assert(out[3] == 0 && signbit(out[3]));
     cr_assert(isinf(out[4]) && out[4] > 0);
     cr_assert(isinf(out[5]) && out[5] < 0);
-    cr_assert_eq(f2u(out[6]), 0x7FC10000u);
-    cr_assert_eq(f2u(out[7]), 0x7F810000u);
+    cr_assert_eq(tu_f2u(out[6]), 0x7FC10000u);
+    cr_assert_eq(tu_f2u(out[7]), 0x7F810000u);
     cr_assert_eq(out[8], 3.140625f);
 
     static uint16_t all[65536];
     static float all_out[65536];
     for (int i = 0; i < 65536; i++) all[i] = (uint16_t)i;
     read_16bit("BF16", all, 65536, all_out);
-    for (int i = 0; i < 65536; i++) cr_assert_eq(f2u(all_out[i]), (uint32_t)i << 16, "bf16 0x%04x", i);
+    for (int i = 0; i < 65536; i++) cr_assert_eq(tu_f2u(all_out[i]), (uint32_t)i << 16, "bf16 0x%04x", i);
 }
 
 Test(safetensors, f32_unaligned_data) {
@@ -373,7 +362,7 @@ Test(safetensors, f32_unaligned_data) {
     cr_assert_eq((8 + strlen(hdr)) % 4, 1);
     size_t len;
     uint8_t *img = make_image(hdr, 12, &len);
-    const float want[3] = {1.5f, -0.0f, u2f(0x7FA00001u)};
+    const float want[3] = {1.5f, -0.0f, tu_u2f(0x7FA00001u)};
     memcpy(img + len - 12, want, 12);
     char err[ERR_LEN] = "";
     st_file_t *f = st_open_buffer(img, len, err);

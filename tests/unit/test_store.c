@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "common/net/store.h"
+#include "tests/unit/testbits.h"
 
 // --- a private redis-server per test -------------------------------------------------------
 
@@ -52,22 +53,6 @@ static int rs_find(char *out, size_t n) {
         if (access(out, X_OK) == 0) return 0;
     }
     return -1;
-}
-
-// A loopback port nothing listens on right now (the kernel's choice for an ephemeral bind).
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert_geq(fd, 0, "socket: %s", strerror(errno));
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-             getsockname(fd, (struct sockaddr *)&a, &len) == 0;
-    close(fd);
-    cr_assert(ok, "cannot pick a free port: %s", strerror(errno));
-    return ntohs(a.sin_port);
 }
 
 // Starts redis-server on port after delay_ms (the child sleeps, so the caller does not block).
@@ -141,7 +126,7 @@ static void rs_log_tail(char *buf, size_t n) {
 // (another test, an outgoing connection), so a server that exits early is retried elsewhere.
 static void rs_start(void) {
     for (int attempt = 0; attempt < 3; attempt++) {
-        rs.port = free_port();
+        rs.port = tu_free_port();
         rs.pid = rs_spawn(rs.port, 0);
         if (rs_wait(rs.port, rs.pid, 10.0) == 0) return;
         rs_kill(&rs.pid);
@@ -745,7 +730,7 @@ Test(store, abort_ends_retries) {
 
 Test(store_connect, refused_fails_fast) {
     char err[ERR_LEN] = "", want[64];
-    int port = free_port();
+    int port = tu_free_port();
     double t0 = util_now();
     store_t *s = store_new("127.0.0.1", port, NULL, err);
     double dt = util_now() - t0;
