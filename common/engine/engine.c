@@ -547,6 +547,15 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
             for (int i = 0; i < n; i++)
                 if (seqs[i].weight && !seqs[i].ref_logp)
                     return err_set(err, "RL loss with KL: sequence %d has no reference log-probs", i);
+        for (int i = 0; lc->slot_weight && i < n; i++) {
+            bool weighted = false;
+            for (int t = seqs[i].prefix_len + 1; seqs[i].weight && t < seqs[i].len && !weighted; t++)
+                weighted = seqs[i].weight[t] > 0.0f;
+            int g = seqs[i].slot + 1;
+            if (weighted && (g >= lc->n_slot_weight || !(lc->slot_weight[g] > 0.0)))
+                return err_set(err, "loss normaliser: no positive slot_weight for slot %d (sequence %d; %d entries)",
+                               seqs[i].slot, i, lc->n_slot_weight);
+        }
     }
     train_fwd_t f = {0};
     if (train_forward(e, seqs, n, &f, err)) return -1;
@@ -614,7 +623,7 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
         for (int r = 0; r < c; r++) {
             const engine_train_seq_t *s = &seqs[mseq[m0 + r]];
             int t = mt[m0 + r], g = s->slot + 1;
-            double wt = s->weight[t], wn = wt / gw[g];
+            double wt = s->weight[t], wn = wt / (lc->slot_weight ? lc->slot_weight[g] : gw[g]);
             double l, d, clipped = 0.0, kl = 0.0, ratio = 1.0;
             if (lc->kind == LOSS_CE) {
                 l = -lp[r];

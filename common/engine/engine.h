@@ -64,6 +64,14 @@ typedef struct {
     float clip_low;        // ratio clipped to [1 - clip_low, 1 + clip_high]
     float clip_high;
     float kl_coef;         // weight of the k3 KL estimator to ref_logp (0 = off)
+    // Loss normaliser per group (index slot + 1, 0 = base rows; NULL = this call's own sums):
+    // token t of a slot-s sequence weighs weight[t] / slot_weight[s + 1] instead of weight[t] over
+    // the sum of this call's weights of slot s. Data-parallel ranks that each train a share of a
+    // step pass the whole step's sums, so that the sum of their gradients is the step's token
+    // mean. Must be > 0 for every group the call has weighted tokens of. The statistics are then
+    // that share's contributions (sums of weight / slot_weight terms), which add up over ranks.
+    const double *slot_weight;
+    int n_slot_weight;     // entries of slot_weight (lora_pool_slots() + 1 covers every slot)
 } loss_cfg_t;
 
 // A full sequence starting at position 0. Token t (t >= 1) is predicted from tokens < t;

@@ -91,3 +91,10 @@ int optim_deserialize(optim_t *o, const void *buf, size_t len, char *err) {
     o->k->to_dev(o->v, p + o->n * sizeof(float), o->n * sizeof(float));
     return 0;
 }
+
+int optim_serialized_cfg(const void *buf, size_t len, optim_cfg_t *cfg, char *err) {
+    if (len < 24 + sizeof(optim_cfg_t) || memcmp(buf, OPTIM_MAGIC, 8) != 0)
+        return err_set(err, "optimizer state: bad size or magic (%zu bytes)", len);
+    memcpy(cfg, (const uint8_t *)buf + 24, sizeof *cfg);
+    return 0;
+}

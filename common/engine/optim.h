@@ -46,5 +46,8 @@ double optim_step(optim_t *o, float *params, const float *grads);
 // and restores it (n must match). Used to persist trainer state.
 int optim_serialize(const optim_t *o, uint8_t **buf, size_t *len);
 int optim_deserialize(optim_t *o, const void *buf, size_t len, char *err);
+// The configuration stored in a serialised state (optim_deserialize keeps the caller's instead):
+// a replica of the optimiser (data-parallel ranks) takes it from there. 0 or -1 + err.
+int optim_serialized_cfg(const void *buf, size_t len, optim_cfg_t *cfg, char *err);
 
 #endif

@@ -2017,3 +2017,12 @@ extern "C" int kernels_cuda_available(char *why, size_t n) {
     }
     return 1;
 }
+
+extern "C" int kernels_cuda_devices(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return count;
+}

@@ -71,6 +71,8 @@ const kernels_t *kernels_cuda(void);
 // "no CUDA device visible (cudaGetDeviceCount: ...)". Initialises the CUDA runtime: a process
 // that forks afterwards must not use CUDA in the child.
 int kernels_cuda_available(char *why, size_t n);
+// The number of visible CUDA devices (0 when none or on error). Initialises the CUDA runtime too.
+int kernels_cuda_devices(void);
 
 #ifdef __cplusplus
 }

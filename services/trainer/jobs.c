@@ -45,7 +45,14 @@ struct tjobs {
     tjobs_cfg_t cfg;
     tjob_t **jobs;               // (max_jobs) indexed by slot; NULL = free
     double busy;
+    char broken[ERR_LEN];        // the data-parallel group failed (tjobs_broken)
 };
+
+const char *tjobs_broken(const tjobs_t *t) { return t->broken[0] ? t->broken : NULL; }
+
+static void set_broken(tjobs_t *t, const char *why) {
+    if (!t->broken[0]) snprintf(t->broken, sizeof t->broken, "%s", why);
+}
 
 static void group_free(tgroup_t *g) {
     free(g->prompt);
@@ -68,6 +75,8 @@ static void job_free(tjobs_t *t, tjob_t **pj) {
     optim_destroy(&j->opt);
     t->k->free(j->grad);
     lora_pool_clear(engine_pool(t->e), j->slot);
+    char err[ERR_LEN];
+    if (t->cfg.dp && !t->broken[0] && dp_clear(t->cfg.dp, j->slot, err)) set_broken(t, err);
     free(j);
     *pj = NULL;
 }
@@ -195,6 +204,10 @@ static tjob_t *load(tjobs_t *t, const char *id, char *err) {
                       (long long)j->opt->step);
         free(blob);
     }
+    // every data-parallel rank gets the adapter and its optimiser state
+    int drc = t->cfg.dp ? (t->broken[0] ? DP_BROKEN : dp_load(t->cfg.dp, slot, j->opt, err)) : 0;
+    if (drc == DP_BROKEN) set_broken(t, t->broken[0] ? t->broken : err);
+    if (drc) goto fail;
     free(spec), free(ver), free(step);
     t->jobs[slot] = j;
     return j;
@@ -335,9 +348,10 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
             j->n_buf = 0;
             continue;
         }
-        if (j->n_buf >= j->spec.prompts) ready[n_ready++] = j;
+        // a step reports every job it trains: at most max jobs (the others wait for the next)
+        if (j->n_buf >= j->spec.prompts && n_ready < max) ready[n_ready++] = j;
     }
-    if (!n_ready) return 0;
+    if (!n_ready || t->broken[0]) return 0;
     double t0 = util_now();
     // Build one mixed batch: for each ready job its B oldest groups, every sample a sequence. With
     // shared prefixes a group also gets a sequence of its prompt less the last token, computed once
@@ -359,7 +373,6 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
     int k = 0;
     for (int r = 0; r < n_ready; r++) {
         tjob_t *j = ready[r];
-        t->k->zero(j->grad, sizeof(float) * lora_pool_get(engine_pool(t->e), j->slot)->n_params);
         grads_by_slot[j->slot] = j->grad;
         for (int g = 0; g < j->spec.prompts; g++) {
             tgroup_t *gr = &j->buf[g];
@@ -430,28 +443,18 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
         int nst = lora_pool_slots(engine_pool(t->e)) + 1;
         loss_stats_t *st = xcalloc((size_t)nst, sizeof *st);
         double tp = util_now();
-        int rc = 0;
-        if (s0->kl > 0) {
-            // reference log-probs: the same sequences with the adapter switched off (prefix
-            // sequences too: a prefix has its samples' slot)
-            engine_train_seq_t *base = xmalloc(sizeof *base * (size_t)count);
-            float **refp = xmalloc(sizeof(float *) * (size_t)count);
-            for (int i = 0; i < count; i++) {
-                base[i] = seqs[first + i], base[i].slot = -1;
-                refp[i] = xcalloc((size_t)base[i].len, sizeof(float));
-                seqs[first + i].ref_logp = refp[i];
-            }
-            rc = engine_logprobs(t->e, base, count, s0->temperature, refp, NULL, err);
-            free(base);
-            if (rc == 0) rc = engine_train(t->e, seqs + first, count, &lc, NULL, grads_by_slot, st, nst, err);
-            for (int i = 0; i < count; i++) free(refp[i]);
-            free(refp);
-        } else {
-            rc = engine_train(t->e, seqs + first, count, &lc, NULL, grads_by_slot, st, nst, err);
+        int slots[256];
+        for (int r = r0; r < r1; r++) slots[r - r0] = ready[r]->slot;
+        // the whole pass here, or each data-parallel rank its share and the gradients summed
+        int rc = dp_pass(t->cfg.dp, t->e, seqs + first, count, &lc, grads_by_slot, slots, r1 - r0, st, nst, err);
+        if (rc == DP_BROKEN) {
+            set_broken(t, err);
+            free(st);
+            break;
         }
         double pass_s = util_now() - tp, pass_tokens = 0;
         for (int r = r0; r < r1; r++) pass_tokens += tokens[r];
-        for (int r = r0; r < r1 && n_out < max; r++) {
+        for (int r = r0; r < r1; r++) {
             tjob_t *j = ready[r];
             tjobs_result_t *out = &res[n_out++];
             memset(out, 0, sizeof *out);

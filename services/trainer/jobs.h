@@ -7,6 +7,7 @@
 #include "common/engine/optim.h"
 #include "common/net/proto.h"
 #include "common/net/store.h"
+#include "common/rl/dp.h"
 #include "common/rl/jobspec.h"
 
 typedef struct tjobs tjobs_t;
@@ -29,6 +30,8 @@ typedef struct {
                            // caches and a pass gets slower per row than two smaller ones
     bool shared_prefix;    // a group's prompt is computed once for its G samples (engine_train_seq_t
                            // prefix_of); false: every sample is a full sequence of its own
+    dp_t *dp;              // data-parallel group whose rank 0 this is (borrowed; NULL = none): loads,
+                           // evictions and passes go to every rank (common/rl/dp.h)
 } tjobs_cfg_t;
 
 tjobs_t *tjobs_new(engine_t *e, store_t *st, const tjobs_cfg_t *cfg, char *err);
@@ -46,5 +49,8 @@ int tjobs_count(const tjobs_t *t);
 int tjobs_buffered(const tjobs_t *t);
 // Seconds spent computing steps since start (busy accounting).
 double tjobs_busy_seconds(const tjobs_t *t);
+// The data-parallel group broke (a rank died, hung or diverged): why, or NULL. The trainer must
+// stop then (nothing more is trained or published) so that its supervisor restarts the group.
+const char *tjobs_broken(const tjobs_t *t);
 
 #endif

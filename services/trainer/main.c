@@ -15,7 +15,88 @@ static const char *HELP =
     "--trainer-events (PUB, adapter versions); connects --reports (the scheduler).\n"
     "extras: --set max_jobs=64 --set keep_versions=4 --set optim_every=1\n"
     "        --set shared_prefix=1 (a group's prompt is computed once for its samples; 0 = per sample)\n"
-    "        --set pass_rows=2048 (rows of one mixed-adapter training pass; whole jobs, at least one)";
+    "        --set pass_rows=2048 (rows of one mixed-adapter training pass; whole jobs, at least one)\n"
+    "Data parallelism (one process per GPU): --set dp_world=N --set dp_rank=R --set dp_endpoint=tcp://HOST:PORT\n"
+    "        (rank 0's address; rank 0 is the trainer service, ranks 1..N-1 only compute)\n"
+    "        --set dp_timeout=120 (seconds: a dead or hung rank stops the group after this long)\n"
+    "        --set dp_sum=nccl (GPU gradients summed with NCCL; host: over the group's sockets, for\n"
+    "        ranks sharing a GPU)";
+
+// Ranks 1..: hold replicas of the adapters, train their shares of rank 0's passes; no Redis and
+// none of the service's sockets (an HTTP endpoint for probes on --http).
+static int run_worker(svc_t *s, const kernels_t *k, const dp_cfg_t *dc) {
+    char err[ERR_LEN];
+    if (svc_serve(s, err)) {
+        log_error("%s", err);
+        return 2;
+    }
+    model_t *m = model_load(svc_get(s, SVC_MODEL), k, err);
+    if (!m) {
+        log_error("cannot load the base model: %s (set --model or MARLAAS_MODEL)", err);
+        svc_close(s);
+        return 1;
+    }
+    int max_jobs = atoi(svc_extra(s, "max_jobs", "64"));
+    lora_pool_t *pool = lora_pool_new(max_jobs > 0 ? max_jobs : 64);
+    engine_t *e = engine_new(m, pool, err);
+    dp_t *dp = e ? dp_open(dc, e, err) : NULL;
+    int rc = 0;
+    if (!dp) {
+        log_error("data parallelism: rank %d could not join the group at %s: %s", dc->rank, dc->endpoint, err);
+        rc = 1;
+    } else {
+        log_info("ready: data-parallel rank %d of %d (rank 0 at %s)", dc->rank, dc->world, dc->endpoint);
+        svc_ready(s, true, NULL);
+        if (dp_serve(dp, svc_stopping, err)) {
+            log_error("data parallelism: rank %d: %s; restart the trainer group (every rank)", dc->rank, err);
+            rc = 1;
+        }
+        long passes, seqs;
+        dp_counts(dp, &passes, &seqs);
+        log_info("stopping: rank %d trained its share of %ld passes (%ld sequences)", dc->rank, passes, seqs);
+    }
+    dp_close(&dp);
+    engine_destroy(&e);
+    lora_pool_destroy(&pool);
+    model_destroy(&m);
+    svc_close(s);
+    return rc;
+}
+
+// The data-parallel settings; -1 (logged) when invalid.
+static int dp_settings(const svc_t *s, dp_cfg_t *dc) {
+    const char *w = svc_extra(s, "dp_world", "1"), *r = svc_extra(s, "dp_rank", "0"),
+               *t = svc_extra(s, "dp_timeout", "120");
+    char *end;
+    long lw = strtol(w, &end, 10);
+    if (*end || lw < 1 || lw > 1024) {
+        log_error("--set dp_world must be 1..1024, got '%s'", w);
+        return -1;
+    }
+    long lr = strtol(r, &end, 10);
+    if (*end || lr < 0 || lr >= lw) {
+        log_error("--set dp_rank must be 0..%ld (dp_world - 1), got '%s'", lw - 1, r);
+        return -1;
+    }
+    double to = strtod(t, &end);
+    if (*end || !(to >= 1)) {
+        log_error("--set dp_timeout must be a number of seconds >= 1, got '%s'", t);
+        return -1;
+    }
+    dc->world = (int)lw, dc->rank = (int)lr, dc->timeout_s = to;
+    dc->endpoint = svc_extra(s, "dp_endpoint", "");
+    const char *sum = svc_extra(s, "dp_sum", "nccl");
+    if (strcmp(sum, "nccl") != 0 && strcmp(sum, "host") != 0) {
+        log_error("--set dp_sum must be nccl or host, got '%s'", sum);
+        return -1;
+    }
+    dc->host_sum = sum[0] == 'h';
+    if (lw > 1 && strncmp(dc->endpoint, "tcp://", 6) != 0) {
+        log_error("--set dp_endpoint=tcp://HOST:PORT (rank 0's address) is required with dp_world %ld", lw);
+        return -1;
+    }
+    return 0;
+}
 
 int main(int argc, char **argv) {
     svc_t s;
@@ -33,6 +114,9 @@ int main(int argc, char **argv) {
         log_error("%s", err);
         return 2;
     }
+    dp_cfg_t dc;
+    if (dp_settings(&s, &dc)) return 2;
+    if (dc.rank > 0) return run_worker(&s, k, &dc);
     store_t *st = svc_open(&s);
     if (!st) return 1;
     metrics_t *met = s.met;
@@ -60,11 +144,18 @@ int main(int argc, char **argv) {
     int max_jobs = atoi(svc_extra(&s, "max_jobs", "64"));
     lora_pool_t *pool = lora_pool_new(max_jobs > 0 ? max_jobs : 64);
     engine_t *e = engine_new(m, pool, err);
-    tjobs_cfg_t cfg = {.max_jobs = lora_pool_slots(pool), .keep_versions = atoi(svc_extra(&s, "keep_versions", "4")),
+    dp_t *dp = NULL;
+    if (e && dc.world > 1) {
+        log_info("data parallelism: rank 0 waits for %d ranks at %s", dc.world - 1, dc.endpoint);
+        char e2[ERR_LEN];
+        dp = dp_open(&dc, e, e2);
+        if (!dp) err_set(err, "data parallelism: rank 0 could not form the group of %d at %s: %s", dc.world, dc.endpoint, e2);
+    }
+    tjobs_cfg_t cfg = {.dp = dp, .max_jobs = lora_pool_slots(pool), .keep_versions = atoi(svc_extra(&s, "keep_versions", "4")),
                        .optim_every = atoi(svc_extra(&s, "optim_every", "1")),
                        .shared_prefix = shared_prefix[0] == '1',
                        .pass_rows = atoi(svc_extra(&s, "pass_rows", "2048"))};
-    tjobs_t *jobs = tjobs_new(e, st, &cfg, err);
+    tjobs_t *jobs = e && (dp || dc.world == 1) ? tjobs_new(e, st, &cfg, err) : NULL;
     svc_bind_endpoint(&s, SVC_TRAINER, ep, sizeof ep);
     zsock_t *in = jobs ? bus_bind(ZMQ_PULL, ep, BUS_DEFAULT_HWM, PROTO_MAX_FRAME, err) : NULL;
     svc_bind_endpoint(&s, SVC_TRAINER_EVENTS, ep, sizeof ep);
@@ -75,8 +166,8 @@ int main(int argc, char **argv) {
         rc = 1;
         goto done;
     }
-    log_info("ready: %zu-parameter base model, up to %d jobs, shared prompt prefixes %s, id %s", m->n_params,
-             cfg.max_jobs, cfg.shared_prefix ? "on" : "off", s.id);
+    log_info("ready: %zu-parameter base model, up to %d jobs, shared prompt prefixes %s, data-parallel ranks %d, "
+             "id %s", m->n_params, cfg.max_jobs, cfg.shared_prefix ? "on" : "off", dc.world, s.id);
     svc_ready(&s, true, NULL);
     zpoller_t *poller = zpoller_new(in, NULL);
     double t_start = util_now(), last_beat = 0;
@@ -110,6 +201,11 @@ int main(int argc, char **argv) {
             }
         }
         int n = tjobs_step(jobs, res, 64);
+        if (!n && dp && !tjobs_broken(jobs) && dp_idle_s(dp) > 1.0 && dp_ping(dp, err)) {
+            log_error("data parallelism: %s; restart the trainer group (every rank)", err);
+            rc = 1;
+            break;
+        }
         for (int i = 0; i < n; i++) {
             proto_buf_t buf = {0};
             proto_report_t r = {.kind = res[i].failed ? PROTO_REP_JOB_FAILED : PROTO_REP_STEP, .job = res[i].job,
@@ -138,6 +234,11 @@ int main(int argc, char **argv) {
                 steps++;
             }
         }
+        if (tjobs_broken(jobs)) {
+            log_error("data parallelism: %s; restart the trainer group (every rank)", tjobs_broken(jobs));
+            rc = 1;
+            break;
+        }
         if (util_now() - last_beat > 1.0) {
             last_beat = util_now();
             char v[6][32];
@@ -165,6 +266,7 @@ done:
     zsock_destroy(&pub);
     zsock_destroy(&in);
     tjobs_destroy(&jobs);
+    dp_close(&dp);
     engine_destroy(&e);
     lora_pool_destroy(&pool);
     model_destroy(&m);

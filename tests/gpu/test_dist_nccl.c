@@ -19,45 +19,13 @@
 #include "common/net/dist_nccl.h"
 #include "common/util/util.h"
 #include "kernels/cuda/cuda.h"
+#include "tests/gpu/gpuprobe.h"
 #include "tests/unit/testbits.h"
-
-// CUDA does not survive fork(), and the two-rank tests fork: the test process itself never
-// initialises CUDA; a throwaway child answers whether a GPU is usable and how many there are.
-static int probe(int *n_gpus, char *why, size_t n) {
-    int fd[2];
-    if (pipe(fd)) return 0;
-    pid_t p = fork();
-    if (p == 0) {
-        char buf[600];
-        int ok = kernels_cuda_available(buf + 8, sizeof buf - 8), cnt = 0;
-        if (ok && cudaGetDeviceCount(&cnt) != cudaSuccess) cnt = 0;
-        snprintf(buf, 8, "%d %3d", ok, cnt);
-        buf[7] = ' ';
-        ssize_t w = write(fd[1], buf, sizeof buf);
-        (void)w;
-        _exit(0);
-    }
-    close(fd[1]);
-    char buf[600] = "";
-    size_t got = 0;
-    ssize_t r;
-    while (got < sizeof buf && (r = read(fd[0], buf + got, sizeof buf - got)) > 0) got += (size_t)r;
-    close(fd[0]);
-    waitpid(p, NULL, 0);
-    if (got < 8) {
-        snprintf(why, n, "the GPU probe process died");
-        return 0;
-    }
-    buf[sizeof buf - 1] = 0;
-    *n_gpus = atoi(buf + 2);
-    snprintf(why, n, "%.400s", buf + 8);
-    return buf[0] == '1';
-}
 
 static int gpus;
 static void setup(void) {
     char why[512];
-    if (!probe(&gpus, why, sizeof why)) cr_skip_test("NCCL test skipped: %s", why);
+    if (!gpu_probe(&gpus, why, sizeof why)) cr_skip_test("NCCL test skipped: %s", why);
 }
 TestSuite(nccl, .init = setup, .timeout = 120);
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/gpu/emu/run.sh - runs the GPU tests (tests/gpu/test_kernels.c: every op; tests/gpu/test_engine.c:
-# the engine on models/micro) on a machine WITHOUT a GPU, against a CPU emulation of the CUDA backend:
+# the engine on models/micro; tests/gpu/test_dp.c: data-parallel passes with host sums) on a
+# machine WITHOUT a GPU, against a CPU emulation of the CUDA backend:
 # kernels/cuda/cuda.cu compiled as host C++ with the stand-in headers of this directory (emu_rt.h
 # says what is emulated and what cannot be checked). A development aid for the kernels' logic and
 # the engine's use of device memory; the real check is tests/gpu/run.sh on a GPU.
@@ -45,14 +46,17 @@ san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=
 echo "tests/gpu/emu/run.sh: building the emulated CUDA backend in $out"
 $cc -O1 -c tests/gpu/test_kernels.c -o "$out/test_kernels.o"
 $cc -O1 -c tests/gpu/test_engine.c -o "$out/test_engine.o"
+$cc -O1 -c tests/gpu/test_dp.c -o "$out/test_dp.o"
 $cxx -O1 -ffp-contract=off -c tests/gpu/emu/emu_rt.cc -o "$out/emu_rt.o"
 $cxx -O1 -ffp-contract=off -DEMU_STRICT=1 -c tests/gpu/emu/emu_rt.cc -o "$out/emu_rt_strict.o"
 $cxx -O1 -ffp-contract=off $inc -c "$out/cuda_emu.cc" -o "$out/cuda_emu.o"
 g++ "$out/test_kernels.o" "$out/cuda_emu.o" "$out/emu_rt.o" $libs -o "$out/tests-exact"
 g++ "$out/test_engine.o" "$out/cuda_emu.o" "$out/emu_rt.o" $libs -o "$out/engine-exact"
+g++ "$out/test_dp.o" "$out/cuda_emu.o" "$out/emu_rt.o" $libs -lczmq -lzmq -lmsgpackc -o "$out/dp-exact"
 # -rdynamic: the strict mode's SIGSEGV report names the functions of its backtrace
 g++ -rdynamic "$out/test_kernels.o" "$out/cuda_emu.o" "$out/emu_rt_strict.o" $libs -o "$out/tests-strict"
 g++ -rdynamic "$out/test_engine.o" "$out/cuda_emu.o" "$out/emu_rt_strict.o" $libs -o "$out/engine-strict"
+g++ -rdynamic "$out/test_dp.o" "$out/cuda_emu.o" "$out/emu_rt_strict.o" $libs -lczmq -lzmq -lmsgpackc -o "$out/dp-strict"
 $cc -O1 -c tests/gpu/emu/strict_check.c -o "$out/strict_check.o"
 g++ -rdynamic "$out/strict_check.o" "$out/cuda_emu.o" "$out/emu_rt_strict.o" $libs -o "$out/strict-check"
 $cxx -O2 -march=native -ffp-contract=fast $inc -c "$out/cuda_emu_gpulike.cc" -o "$out/cuda_emu_gpulike.o"
@@ -80,6 +84,7 @@ run() {
 export MARLAAS_THREADS=1
 run exact "$out/tests-exact"
 run "engine, exact" "$out/engine-exact"
+run "data-parallel passes, exact (host sums)" "$out/dp-exact"
 for s in 1 2 3; do run "gpu-like numerics, EMU_SEED=$s" env EMU_SEED=$s "$out/tests-gpulike"; done
 run "engine, gpu-like numerics, EMU_SEED=1" env EMU_SEED=1 "$out/engine-gpulike"
 # The fibers switch stacks: ASan's stack-use-after-return and leak checks do not apply.
@@ -97,6 +102,7 @@ else
 fi
 run "strict host/device separation" "$out/tests-strict"
 run "engine, strict host/device separation" "$out/engine-strict"
+run "data-parallel passes, strict host/device separation" "$out/dp-strict"
 if [ $fails -ne 0 ]; then
     echo "tests/gpu/emu/run.sh: FAILED ($fails runs)"
     exit 1

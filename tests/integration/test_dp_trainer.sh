@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# A data-parallel trainer (common/rl/dp.h) in a real cluster: the cluster's trainer is replaced by
+# a group of two processes, rank 0 (the trainer service) and rank 1 (a worker that holds replicas
+# of the adapters and trains its share of every pass), joined over ZeroMQ on loopback; CPU
+# backend, gradients summed over the group. Two jobs on models/micro train to the end and raise
+# their greedy eval accuracy; the worker trained a share of the passes (its own count of passes
+# and sequences at its stop, which follows rank 0's). Then a new group, and the worker is killed
+# with SIGKILL while jobs train: rank 0 must stop within its deadline with an error naming rank 1
+# (the group fails loudly instead of hanging or training on half the data).
+set -euo pipefail
+source tests/integration/lib.sh
+fail=0
+check() {   # check DESCRIPTION COMMAND...
+    local what=$1
+    shift
+    if "$@"; then :; else echo "FAILED: $what"; fail=1; fi
+}
+
+cluster_up --model models/micro
+svc_stop trainer TERM
+
+# start_group NAME_SUFFIX TIMEOUT: rank 1 in the background, then rank 0 (ready once the group formed)
+start_group() {
+    DP_PORT=$(free_low_port)
+    W_LOG="$RUN/logs/trainer-rank1-$1.log"
+    (
+        set -a
+        . "$RUN/env"
+        set +a
+        export MARLAAS_THREADS=1 MARLAAS_HTTP=0
+        exec "$BIN/marlaas-trainer" --set dp_world=2 --set dp_rank=1 --set "dp_endpoint=tcp://127.0.0.1:$DP_PORT" \
+            --set "dp_timeout=$2"
+    ) > "$W_LOG" 2>&1 < /dev/null &
+    W_PID=$!
+    disown "$W_PID"
+    echo "trainer-rank1 $W_PID" >> "$RUN/pids"
+    svc_start trainer --set dp_world=2 --set dp_rank=0 --set "dp_endpoint=tcp://127.0.0.1:$DP_PORT" \
+        --set "dp_timeout=$2"
+    R0_LOG=$SVC_LOG
+    R0_PID=$(svc_pid trainer | tail -n 1)
+}
+
+start_group a 30
+check "rank 1 joined" grep -q "ready: data-parallel rank 1 of 2" "$W_LOG"
+check "rank 0 formed the group" grep -q "data-parallel ranks 2" "$R0_LOG"
+T=$(mk_tenant dp)
+spec='--steps 200 --prompts 32 --group 8 --eval-every 100 --eval-n 400'
+j1=$(submit "$T" --task vowels $spec)
+j2=$(submit "$T" --task wrap $spec)
+start=$(date +%s)
+wait_jobs "$T" 600
+took=$(( $(date +%s) - start ))
+summary=""
+for pair in "$j1 vowels" "$j2 wrap"; do
+    set -- $pair
+    st=$(job_field "$T" "$1" status)
+    step=$(job_field "$T" "$1" step)
+    a0=$(job_field "$T" "$1" eval_acc0)
+    a1=$(job_field "$T" "$1" eval_acc)
+    echo "$1 ($2): status $st, step $step, eval accuracy $a0 -> $a1"
+    summary="$summary $2 ${a0:-?}->${a1:-?}"
+    check "$1 finished" [ "$st" = done ]
+    check "$1 reached step 200" [ "$step" = 200 ]
+    check "$1 raised its accuracy by 2 points" awk -v a="${a0:-1}" -v b="${a1:-0}" 'BEGIN {exit !(100 * (b - a) >= 2)}'
+done
+check "no job failed in the trainer" sh -c "! grep -q 'job failed' '$R0_LOG'"
+# rank 0 stops: it tells rank 1, which reports its share
+svc_stop trainer TERM
+for _ in $(seq 1 100); do svc_alive "$W_PID" || break; sleep 0.1; done
+check "rank 1 stopped with rank 0" sh -c "! kill -0 $W_PID 2>/dev/null"
+passes=$(sed -n 's/.*trained its share of \([0-9]*\) passes (\([0-9]*\) sequences).*/\1/p' "$W_LOG" | tail -n 1)
+seqs=$(sed -n 's/.*trained its share of \([0-9]*\) passes (\([0-9]*\) sequences).*/\2/p' "$W_LOG" | tail -n 1)
+echo "rank 1 trained its share of ${passes:-?} passes (${seqs:-?} sequences)"
+# every optimiser step of the two jobs came from a pass both ranks trained
+check "rank 1 trained shares of the passes" awk -v p="${passes:-0}" -v s="${seqs:-0}" 'BEGIN {exit !(p >= 200 && s >= 200 * 32)}'
+check "rank 1 logged no error" sh -c "! grep -q ERROR '$W_LOG'"
+
+# a worker killed mid-run: rank 0 fails loudly within its deadline (5 s) and exits
+start_group b 5
+j3=$(submit "$T" --task vowels --steps 2000 --prompts 32 --group 8 --eval-every 0 --eval-n 64)
+for _ in $(seq 1 300); do
+    [ "$(job_field "$T" "$j3" step)" -ge 5 ] 2>/dev/null && break
+    sleep 0.1
+done
+kill -KILL "$W_PID"
+killed=$(date +%s)
+for _ in $(seq 1 300); do svc_alive "$R0_PID" || break; sleep 0.1; done
+gone=$(( $(date +%s) - killed ))
+check "rank 0 exited after rank 1 died (${gone}s)" sh -c "! kill -0 $R0_PID 2>/dev/null"
+check "rank 0 stopped within 20 s (deadline 5 s): ${gone}s" [ "$gone" -le 20 ]
+check "rank 0 names the dead rank" grep -q "ERROR.*data parallelism: .*ranks 1 did not take part" "$R0_LOG"
+grep "ERROR" "$R0_LOG" | tail -n 1
+echo "data-parallel trainer (2 ranks, CPU): 2 jobs of 200 steps in ${took}s, eval accuracy:$summary; rank 1 trained ${passes:-?} pass shares; killed rank 1 -> rank 0 exited in ${gone}s"
+exit $fail
