@@ -5,7 +5,8 @@
 // pools, logits, gradients, loss values) is BACKEND memory, touched only through the table's
 // ops; host code never dereferences it. The host builds the small index arrays (tokens,
 // positions, row maps, block tables, LoRA segments) and exchanges exactly these values with the
-// backend: engine_step's wanted logits rows (to_host), and per loss chunk the log-probs and
+// backend: engine_step's wanted logits rows (to_host, unless the caller samples them on the
+// backend: engine_step_logits), and per loss chunk the log-probs and
 // entropies (to_host) and the loss gradients d loss / d logp (to_dev). Rows are gathered with the
 // embed op (a row gather by host indices; an exact copy) and scattered with copy over runs of
 // contiguous rows. On the CPU backend every transfer is a memcpy, so the CPU path computes
@@ -57,6 +58,7 @@ struct engine {
     size_t *kvoff;         // (rows) K/V row offsets of a step in the cache's pools
     size_t idx_cap;
     buf_t act, scratch, logits, grad, dxf;
+    const float *step_logits;    // engine_step's rows kept in backend memory (logits == NULL)
 };
 
 static float *buf_get(const kernels_t *k, buf_t *b, size_t n) {
@@ -203,6 +205,7 @@ static void layer_forward_down(engine_t *e, int l, acts_t *a, float *x_out, int 
 int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, float *logits, char *err) {
     const kernels_t *k = e->k;
     const hf_config_t *cf = &e->m->cfg;
+    e->step_logits = NULL;
     if (n <= 0) return err_set(err, "engine_step: empty batch");
     if (kvcache_backend(kc) != k)
         return err_set(err, "engine_step: the KV cache lives in %s backend memory but the model runs on %s "
@@ -301,11 +304,14 @@ int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, flo
     // copied with to_host. Host memory is the CPU backend's memory, so there the head writes the
     // caller's buffer directly (no copy of M * vocab floats on the CPU's decode path).
     size_t V = (size_t)cf->vocab_size;
-    float *dl = k == kernels_cpu() ? logits : buf_get(k, &e->logits, (size_t)M * V);
+    float *dl = k == kernels_cpu() && logits ? logits : buf_get(k, &e->logits, (size_t)M * V);
     k->gemm(false, true, M, cf->vocab_size, D, 1.0f, xg, D, e->m->w.lm_head, D, 0.0f, dl, cf->vocab_size);
-    if (dl != logits) k->to_host(logits, dl, sizeof(float) * (size_t)M * V);
+    e->step_logits = logits ? NULL : dl;
+    if (logits && dl != logits) k->to_host(logits, dl, sizeof(float) * (size_t)M * V);
     return 0;
 }
+
+const float *engine_step_logits(const engine_t *e) { return e->step_logits; }
 
 // --- training -------------------------------------------------------------------------------------------
 

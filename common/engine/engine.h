@@ -54,6 +54,10 @@ typedef struct {
 // one step. Positions beyond max_position_embeddings are refused, and so are a cache or an
 // adapter made for another backend than the model's.
 int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, float *logits, char *err);
+// logits == NULL: the rows stay in BACKEND memory, where engine_step_logits() finds them (valid
+// until the next engine call): a sampler on the device (the backend's sample op) then needs no
+// copy of vocab floats per row to the host.
+const float *engine_step_logits(const engine_t *e);
 
 // --- training -------------------------------------------------------------------------------------
 typedef enum { LOSS_CE = 0, LOSS_RL = 1 } loss_kind_t;

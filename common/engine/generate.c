@@ -2,6 +2,7 @@
 // mixing decode rows and prefill chunks, forked samples, stop conditions.
 #include "common/engine/generate.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +36,13 @@ typedef struct {
     int n_tokens;
 } rowref_t;
 
+// One token to draw from a logits row of the step: the arrays the sample op takes, and whose it is.
+typedef struct {
+    req_t *rq;
+    int sample;
+    bool first;            // a completed prompt's row: its other samples draw from it after
+} draw_t;
+
 struct gen {
     engine_t *e;
     kvcache_t *kc;
@@ -46,9 +54,9 @@ struct gen {
     int n_done, cap_done;
     engine_seq_t *rows;
     rowref_t *refs;
-    float *logits;         // HOST copy of the step's logits rows (engine_step copies them from the backend)
     int cap_rows;
-    sampler_scratch_t ss;
+    draw_t *draws;         // the step's draws (one per logits row), for the backend's sample op
+    int cap_draws;
     gen_stats_t st;
 };
 
@@ -62,7 +70,6 @@ gen_t *gen_new(engine_t *e, kvcache_t *kc, const tokenizer_t *tok, int max_batch
     g->kc = kc;
     g->tok = tok;
     g->max_batch = max_batch_tokens;
-    sampler_scratch_init(&g->ss, engine_model(e)->cfg.vocab_size);
     return g;
 }
 
@@ -107,8 +114,7 @@ void gen_destroy(gen_t **pg) {
     free(g->done);
     free(g->rows);
     free(g->refs);
-    free(g->logits);
-    sampler_scratch_free(&g->ss);
+    free(g->draws);
     free(g);
     *pg = NULL;
 }
@@ -228,11 +234,25 @@ static void push_token(gen_t *g, req_t *q, sample_t *s, int32_t t, float lp) {
     if (s->n >= q->r.max_new_tokens) finish_sample(g, q, s, GEN_FINISH_LENGTH);
 }
 
-static void sample_into(gen_t *g, req_t *q, sample_t *s, const float *logits) {
-    float lp;
+// Draws a token for every draw from its logits row (backend memory, rows (n, V)) with the
+// backend's sample op: on the CPU exactly sampler_sample, on a GPU without copying the logits to
+// the host. Each sample's RNG draws its uniform here, as sampler_sample would (one per non-greedy
+// draw), so results do not depend on the backend's batching.
+static void draw_tokens(gen_t *g, const draw_t *d, const float *logits, int n) {
+    if (n <= 0) return;
+    const kernels_t *k = engine_model(g->e)->k;
     int V = engine_model(g->e)->cfg.vocab_size;
-    int t = sampler_sample(&q->r.sp, &s->rng, logits, V, &g->ss, &lp);
-    push_token(g, q, s, t, lp);
+    float *temp = xmalloc(sizeof(float) * (size_t)n * 4), *top_p = temp + n, *u = temp + 2 * n, *lp = temp + 3 * n;
+    int *top_k = xmalloc(sizeof(int) * (size_t)n);
+    int32_t *tok = xmalloc(sizeof(int32_t) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        const sampler_params_t *sp = &d[i].rq->r.sp;
+        temp[i] = sp->temperature, top_k[i] = sp->top_k, top_p[i] = sp->top_p;
+        u[i] = sp->temperature > 0.0f ? rng_uniform(&d[i].rq->s[d[i].sample].rng) : 0.0f;
+    }
+    k->sample(tok, lp, logits, n, V, temp, top_k, top_p, u);
+    for (int i = 0; i < n; i++) push_token(g, d[i].rq, &d[i].rq->s[d[i].sample], tok[i], lp[i]);
+    free(temp), free(top_k), free(tok);
 }
 
 static void complete(gen_t *g, int idx) {
@@ -309,19 +329,23 @@ int gen_step(gen_t *g, char *err) {
         budget -= c;
     }
     if (n == 0) return 0;
-    int V = engine_model(g->e)->cfg.vocab_size;
-    g->logits = xrealloc(g->logits, sizeof(float) * (size_t)n * V);
-    if (engine_step(g->e, g->kc, g->rows, n, g->logits, err)) return -1;
-    // 4. sample
-    int rows = 0;
-    const float *lg = g->logits;
+    // the logits rows stay in backend memory: the sample op draws from them there
+    if (engine_step(g->e, g->kc, g->rows, n, NULL, err)) return -1;
+    const float *logits = engine_step_logits(g->e);
+    size_t V = (size_t)engine_model(g->e)->cfg.vocab_size;
+    if (g->cap_draws < n) {
+        g->cap_draws = n;
+        g->draws = xrealloc(g->draws, sizeof(draw_t) * (size_t)n);
+    }
+    // 4. sample: one draw per logits row in one call (a completed prompt's row: its sample 0),
+    // then a completed prompt's other samples from the same row
+    int rows = 0, nd = 0;
     for (int i = 0; i < n; i++) {
         rowref_t *ref = &g->refs[i];
         req_t *q = ref->rq;
         rows += ref->n_tokens;
         if (ref->sample >= 0) {
-            sample_into(g, q, &q->s[ref->sample], lg);
-            lg += V;
+            g->draws[nd++] = (draw_t){q, ref->sample, false};
             continue;
         }
         q->prefilled += ref->n_tokens;
@@ -335,8 +359,13 @@ int gen_step(gen_t *g, char *err) {
             q->s[j].seq = kvcache_seq_fork(g->kc, q->root, err);
             ASSERT(q->s[j].seq >= 0);   // admission reserved the sequences
         }
-        for (int j = 0; j < q->r.n_samples; j++) sample_into(g, q, &q->s[j], lg);
-        lg += V;
+        g->draws[nd++] = (draw_t){q, 0, true};
+    }
+    draw_tokens(g, g->draws, logits, nd);
+    for (int r = 0; r < nd; r++) {
+        req_t *q = g->draws[r].rq;
+        if (!g->draws[r].first) continue;
+        for (int j = 1; j < q->r.n_samples; j++) draw_tokens(g, &(draw_t){q, j, false}, logits + (size_t)r * V, 1);
     }
     for (int i = 0; i < g->n_rq;) {
         if (g->rq[i]->state == RQ_DECODE && g->rq[i]->live == 0) complete(g, i);

@@ -8,7 +8,10 @@
 //
 // Each sample stops at a stop token (EOS; kept as the last token), a stop string (the token
 // that completes it is kept; the text is cut before it), or max_new_tokens. Every token comes
-// with its log-prob under softmax(logits / T) (see sampler.h).
+// with its log-prob under softmax(logits / T) (see sampler.h). Tokens are drawn by the backend's
+// sample op from the logits where the engine left them (on a GPU: no copy of the logits to the
+// host; one batched call per step), with each sample's own RNG on the host: the same tokens as
+// sampler_sample on the CPU.
 #ifndef MARLAAS_GENERATE_H
 #define MARLAAS_GENERATE_H
 
