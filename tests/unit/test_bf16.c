@@ -3,7 +3,8 @@
 // of engine_step on the prefill and the few-rows decode paths, log-probs of engine_logprobs,
 // LoRA gradients of engine_train), against the unrounded fp32 model (a bounded, nonzero
 // difference: the bf16 weights are the ones used), the memory layout after conversion, and
-// what a bf16 model refuses (full-parameter training, model_save). Untied and tied heads.
+// what a bf16 model refuses (full-parameter training, model_save). Untied and tied heads. Also
+// the services' --weights setting (svc_weights_bf16, svc_load_model).
 //
 // Tolerances: the CPU backend's gemm_bf16w uses X exactly and multiplies by exactly the bf16
 // values, so against the rounded fp32 model only the fp32 summation order differs (the
@@ -15,6 +16,7 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
+#include "common/net/svc.h"
 #include "testutil.h"
 
 // Arena order of model.c (model_param_sizes): which kinds are matrices, and the head.
@@ -270,4 +272,31 @@ Test(bf16, full_parameter_training_and_save_refused) {
     cr_assert(strstr(err, "bf16") != NULL, "message: %s", err);
     free(mg);
     rigs_free(g);
+}
+
+// --weights: bf16 converts, fp32 and auto (on the CPU backend) keep fp32, anything else is an
+// error that names the setting.
+Test(bf16, weights_setting_of_the_services) {
+    char err[ERR_LEN];
+    unsetenv("MARLAAS_WEIGHTS");
+    static const struct {
+        const char *value;
+        int bf16;
+    } cases[] = {{"bf16", 1}, {"fp32", 0}, {"auto", 0}, {NULL, 0}, {"fp16", -1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *argv[] = {"marlaas-trainer", "--model", "models/micro", "--weights", (char *)cases[i].value, NULL};
+        svc_t s;
+        cr_assert_eq(svc_init(&s, "trainer", cases[i].value ? 5 : 3, argv, ""), 0);
+        err[0] = '\0';
+        cr_assert_eq(svc_weights_bf16(&s, kernels_cpu(), err), cases[i].bf16, "--weights %s", cases[i].value);
+        model_t *m = svc_load_model(&s, kernels_cpu(), err);
+        if (cases[i].bf16 < 0) {
+            cr_assert_null(m);
+            cr_assert(strstr(err, "--weights") && strstr(err, "fp32, bf16 or auto"), "message: %s", err);
+            continue;
+        }
+        cr_assert_not_null(m, "--weights %s: %s", cases[i].value, err);
+        cr_assert_eq(m->bf16, cases[i].bf16 == 1, "--weights %s", cases[i].value);
+        model_destroy(&m);
+    }
 }
