@@ -19,41 +19,6 @@
 #include "common/net/svc.h"
 #include "testutil.h"
 
-// Arena order of model.c (model_param_sizes): which kinds are matrices, and the head.
-enum { KIND_HEAD = 14 };
-static bool is_matrix(int kind) { return kind == 2 || kind == 4 || kind == 6 || kind == 8 || (kind >= 10 && kind <= 12) || kind == KIND_HEAD; }
-
-static void round_bf16(float *x, size_t n) {
-    const kernels_t *k = kernels_cpu();
-    uint16_t *h = malloc(sizeof(uint16_t) * (n ? n : 1));
-    k->to_bf16(h, x, n);
-    k->from_bf16(x, h, n);
-    free(h);
-}
-
-// An fp32 model computing what the bf16 model computes: m's values with every matrix rounded
-// to bf16; a tied m gets an untied copy whose head is the rounded embed and whose embed (the
-// gather) stays exact, as in a bf16 model.
-static model_t *rounded_copy(const model_t *m) {
-    char err[ERR_LEN];
-    hf_config_t c = m->cfg;
-    c.tie_word_embeddings = false;
-    model_t *r = model_new(&c, kernels_cpu(), err);
-    cr_assert_not_null(r, "%s", err);
-    size_t ss[MODEL_N_TENSORS], sd[MODEL_N_TENSORS];
-    model_param_sizes(&m->cfg, ss);
-    model_param_sizes(&c, sd);
-    const float *src = m->params;
-    float *dst = r->params;
-    for (int i = 0; i < MODEL_N_TENSORS; i++) {
-        memcpy(dst, i == KIND_HEAD && m->cfg.tie_word_embeddings ? m->w.embed : src, sizeof(float) * sd[i]);
-        if (is_matrix(i)) round_bf16(dst, sd[i]);
-        src += ss[i];
-        dst += sd[i];
-    }
-    return r;
-}
-
 typedef struct {
     model_t *m;
     lora_pool_t *pool;
@@ -89,7 +54,9 @@ static void rigs_new(rig_t g[N_RIGS], bool tied) {
     cr_assert_not_null(m);
     model_t *b = tu_model(&c, 21);
     cr_assert_eq(model_to_bf16(b, err), 0, "%s", err);
-    g[ROUNDED] = rig_new(rounded_copy(m));
+    model_t *r = tu_bf16_reference(m);
+    cr_assert_not_null(r);
+    g[ROUNDED] = rig_new(r);
     g[BF16] = rig_new(b);
     g[FP32] = rig_new(m);
 }
@@ -215,7 +182,7 @@ static void check_layout(bool tied) {
     model_t *m = tu_model(&c, 3);
     size_t sz[MODEL_N_TENSORS], mat = 0, vec = 0;
     size_t total = model_param_sizes(&c, sz);
-    for (int i = 0; i < MODEL_N_TENSORS; i++) *(is_matrix(i) ? &mat : &vec) += sz[i];
+    for (int i = 0; i < MODEL_N_TENSORS; i++) *(tu_kind_is_matrix(i) ? &mat : &vec) += sz[i];
     size_t head = (size_t)c.vocab_size * c.hidden_size;
     cr_assert_eq(m->n_f32, total);
     float *embed = malloc(sizeof(float) * head);
