@@ -477,7 +477,13 @@ static double lowercase_reward(const gen_sample_t *s) {
 }
 
 // The GRPO run on micro loaded on the GPU, its matrices in bf16 (model_to_bf16) or fp32.
+// The rollout (paged attention, decode rows) and the trainer (packed attention) compute the same
+// log-probs up to fp32 rounding: the mean |difference| must stay under 1e-5 with fp32 weights.
+// With bf16 weights gemm_bf16w rounds each product's input to bf16, and an fp32 difference of
+// one ulp in an element can flip its rounding, a 2^-9 relative jump: the bound is 1e-3 (the
+// emulation measures up to 2e-5 under GPU-like numerics).
 static void grpo_on_gpu(bool bf16) {
+    const double tol_mismatch = bf16 ? 1e-3 : 1e-5;
     char err[ERR_LEN];
     model_t *m = model_load(MICRO, G, err);
     cr_assert_not_null(m, "%s", err);
@@ -538,10 +544,11 @@ static void grpo_on_gpu(bool bf16) {
         G->zero(grad, sizeof(float) * np);
         loss_stats_t st[2];
         cr_assert_eq(engine_train(e, ts, NG, &lc, NULL, grads, st, 2, err), 0, "%s", err);
-        // on-policy: the trainer's log-probs equal the rollout's (both on the GPU)
-        cr_assert_float_eq(st[1].ratio_mean, 1.0, 1e-4);
+        // on-policy: the trainer's log-probs equal the rollout's (both on the GPU), up to tol
+        cr_assert_float_eq(st[1].ratio_mean, 1.0, 10 * tol_mismatch);
         cr_assert_gt(st[1].mismatch_tokens, 0);
-        cr_assert_lt(st[1].mismatch, 1e-5, "rollout/trainer log-prob mismatch %g", st[1].mismatch);
+        cr_assert_lt(st[1].mismatch, tol_mismatch, "rollout/trainer log-prob mismatch %g (bound %g)", st[1].mismatch,
+                     tol_mismatch);
         double norm = optim_step(o, ad->params, grad);
         cr_assert(isfinite(norm) && norm > 0.0, "grad norm %g", norm);
     }
@@ -573,8 +580,7 @@ static void grpo_on_gpu(bool bf16) {
 
 Test(engine_cuda, grpo_raises_toy_reward_on_gpu) { grpo_on_gpu(false); }
 
-// bf16 weights change the samples (and the on-policy log-probs match within the same 1e-5: the
-// rollout and the trainer compute them with the same bf16 products); the reward still rises.
+// bf16 weights change the samples; the reward still rises.
 Test(engine_cuda, grpo_raises_toy_reward_on_gpu_bf16) { grpo_on_gpu(true); }
 
 // --- (d) the generator: greedy completions equal ----------------------------------------------------------
