@@ -3,9 +3,10 @@
 // own GEMM GFLOP/s measured in the same run; by default for a ~3M and a ~25M parameter model on
 // the CPU backend.
 //
-//   build/bin/marlaas-bench-engine [--quick]
-//   build/cuda/bin/marlaas-bench-engine --backend cuda --model DIR --batches 1,64,256
+//   build/bin/marlaas-bench-engine [--quick] [--weights fp32|bf16]
+//   build/cuda/bin/marlaas-bench-engine --backend cuda --weights bf16 --model DIR --batches 1,64,256
 //       (DIR e.g. from `marlaas init-model --shape qwen2.5-0.5b`; tests/gpu/run.sh does this)
+// --weights bf16 converts the base model's matrices to bf16 (model_to_bf16) before measuring.
 #include <cblas.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -161,9 +162,10 @@ static void bench_model(const char *name, model_t *m, const int *batches, int n_
     int D = c->hidden_size, F = c->intermediate_size;
     double peak = k == kernels_cpu() ? bench_sgemm_gflops(2048, 2048, 2048, 0.5) : backend_gemm_gflops(k, 4096, 4096, 4096, 1.0);
     double shaped = k == kernels_cpu() ? bench_sgemm_gflops(4096, F, D, 0.5) : backend_gemm_gflops(k, 4096, F, D, 1.0);
-    printf("\nmodel %s on the %s backend: %.2fM parameters (D=%d L=%d H=%d KV=%d F=%d V=%d), LoRA rank 8 on all 7 "
-           "targets, prompts of %d tokens\n", name, k->name, m->n_params / 1e6, D, c->num_hidden_layers,
-           c->num_attention_heads, c->num_key_value_heads, F, c->vocab_size, P);
+    printf("\nmodel %s on the %s backend: %.2fM parameters (D=%d L=%d H=%d KV=%d F=%d V=%d), %s matrices (%.1f MiB "
+           "of weights), LoRA rank 8 on all 7 targets, prompts of %d tokens\n", name, k->name, m->n_params / 1e6, D,
+           c->num_hidden_layers, c->num_attention_heads, c->num_key_value_heads, F, c->vocab_size,
+           m->bf16 ? "bf16" : "fp32", (m->n_f32 * 4.0 + m->n_bf16 * 2.0) / (1 << 20), P);
     printf("%s: %.1f GFLOP/s (%s), %.1f GFLOP/s (4096x%dx%d, the model's MLP shape)\n",
            k == kernels_cpu() ? "OpenBLAS sgemm" : "backend gemm (cuBLAS SGEMM, fp32)", peak,
            k == kernels_cpu() ? "2048^3" : "4096^3", shaped, F, D);
@@ -218,24 +220,30 @@ static int parse_batches(const char *s, int *out, int max) {
 
 int main(int argc, char **argv) {
     int quick = 0, P = 64;
-    const char *backend = "cpu", *model_dir = NULL, *batches_s = NULL;
+    const char *backend = "cpu", *model_dir = NULL, *batches_s = NULL, *weights = "fp32";
     static struct option opts[] = {{"quick", no_argument, NULL, 'q'},      {"backend", required_argument, NULL, 'b'},
                                    {"model", required_argument, NULL, 'm'}, {"batches", required_argument, NULL, 'B'},
-                                   {"prompt", required_argument, NULL, 'p'}, {"help", no_argument, NULL, 'h'},
-                                   {0}};
+                                   {"prompt", required_argument, NULL, 'p'}, {"weights", required_argument, NULL, 'w'},
+                                   {"help", no_argument, NULL, 'h'},         {0}};
     int o;
     while ((o = getopt_long(argc, argv, "qh", opts, NULL)) != -1) {
         if (o == 'q') quick = 1;
         else if (o == 'b') backend = optarg;
         else if (o == 'm') model_dir = optarg;
+        else if (o == 'w') weights = optarg;
         else if (o == 'B') batches_s = optarg;
         else if (o == 'p') P = atoi(optarg);
         else {
-            printf("usage: %s [--quick] [--backend cpu|cuda] [--model DIR] [--batches 1,8,32,128] [--prompt 64]\n",
-                   argv[0]);
+            printf("usage: %s [--quick] [--backend cpu|cuda] [--weights fp32|bf16] [--model DIR] [--batches 1,8,32,128] "
+                   "[--prompt 64]\n", argv[0]);
             return o == 'h' ? 0 : 2;
         }
     }
+    if (strcmp(weights, "fp32") != 0 && strcmp(weights, "bf16") != 0) {
+        fprintf(stderr, "bench: unknown --weights '%s' (fp32 or bf16)\n", weights);
+        return 2;
+    }
+    bool bf16 = !strcmp(weights, "bf16");
     if (P < 1 || P > 4096) {
         fprintf(stderr, "bench: --prompt must be in 1..4096\n");
         return 2;
@@ -267,6 +275,7 @@ int main(int argc, char **argv) {
     char err[ERR_LEN];
     if (model_dir) {
         model_t *m = model_load(model_dir, k, err);
+        if (m && bf16 && model_to_bf16(m, err)) model_destroy(&m);
         if (!m) {
             fprintf(stderr, "bench: %s\n", err);
             return 1;
@@ -283,6 +292,10 @@ int main(int argc, char **argv) {
             return 1;
         }
         model_init_random(m, 1);
+        if (bf16 && model_to_bf16(m, err)) {
+            fprintf(stderr, "bench: %s\n", err);
+            return 1;
+        }
         bench_model(shapes[si].name, m, batches, n_batches, P);
         model_destroy(&m);
     }

@@ -81,13 +81,16 @@ typedef struct kernels {
     // C (M,N) = alpha * op(A) op(B) + beta * C; op(A) is (M,K), op(B) is (K,N).
     void (*gemm)(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc);
-    // bf16 weights: C (M,N) = alpha * X W^T + beta * C, X (M,K) fp32 with row stride ldx, W (N,K)
-    // bf16 (uint16_t bit patterns, see to_bf16) with row stride ldw, fp32 accumulation. X, W, C
-    // are backend memory. beta = 0 overwrites C (NaN in C is not propagated); K = 0 gives beta * C.
+    // bf16 weights, fp32 activations: with trans_w, C (M,N) = alpha * X W^T + beta * C, W (N,K)
+    // with row stride ldw >= K (a forward Y = X W^T of a weight W (out, in)); without trans_w,
+    // C (M,N) = alpha * X W + beta * C, W (K,N) with row stride ldw >= N (that weight's backward
+    // dX = dY W). X (M,K) fp32 with row stride ldx >= K, C with row stride ldc >= N; W holds bf16
+    // bit patterns (uint16_t, see to_bf16); fp32 accumulation. X, W, C are backend memory.
+    // beta = 0 overwrites C (NaN in C is not propagated); K = 0 gives beta * C.
     // The CPU backend uses X exactly; a GPU backend may round X to bf16 first (cuda does: see
     // kernels/cuda/cuda.h for its precision).
-    void (*gemm_bf16w)(int M, int N, int K, float alpha, const float *X, int ldx, const uint16_t *W, int ldw,
-                       float beta, float *C, int ldc);
+    void (*gemm_bf16w)(bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx, const uint16_t *W,
+                       int ldw, float beta, float *C, int ldc);
     // dst (n) = bf16(src): round to nearest, ties to even; overflow gives +-inf, NaN stays NaN
     // (quiet, sign and upper payload kept), subnormals rounded like normals (no flush to zero).
     void (*to_bf16)(uint16_t *dst, const float *src, size_t n);

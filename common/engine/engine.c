@@ -135,11 +135,29 @@ static void order_by_slot(int *order, const int *slot_of, int n) {
 
 // --- shared layer pieces -------------------------------------------------------------------------
 
-// Y (N, out) = [beta*Y +] X W^T (+ b) + LoRA(target t)
+// Products with a base matrix: layer l's slice (rows, cols) of W (fp32 model) or W16 (bf16 model,
+// W is NULL then; see model.h). fp32 runs the very gemm calls of an fp32-only engine.
+// Y (N, rows) = X W_l^T + beta Y, X (N, cols).
+static void base_fwd(const kernels_t *k, const float *W, const uint16_t *W16, int l, int rows, int cols,
+                     const float *X, float beta, float *Y, int N) {
+    size_t off = (size_t)l * rows * cols;
+    if (W16) k->gemm_bf16w(true, N, rows, cols, 1.0f, X, cols, W16 + off, cols, beta, Y, rows);
+    else k->gemm(false, true, N, rows, cols, 1.0f, X, cols, W + off, cols, beta, Y, rows);
+}
+
+// dX (N, cols) = dY W_l + beta dX, dY (N, rows).
+static void base_bwd(const kernels_t *k, const float *W, const uint16_t *W16, int l, int rows, int cols,
+                     const float *dY, float beta, float *dX, int N) {
+    size_t off = (size_t)l * rows * cols;
+    if (W16) k->gemm_bf16w(false, N, cols, rows, 1.0f, dY, rows, W16 + off, cols, beta, dX, cols);
+    else k->gemm(false, false, N, cols, rows, 1.0f, dY, rows, W + off, cols, beta, dX, cols);
+}
+
+// Y (N, out) = [beta*Y +] X W^T (+ b) + LoRA(target t); W or W16 as in base_fwd.
 static void linear(engine_t *e, int l, lora_target_t t, const float *X, int in, float *Y, int out, const float *W,
-                   const float *b, float beta, float *T, float *scratch, int N) {
+                   const uint16_t *W16, const float *b, float beta, float *T, float *scratch, int N) {
     const kernels_t *k = e->k;
-    k->gemm(false, true, N, out, in, 1.0f, X, in, W + (size_t)l * out * in, in, beta, Y, out);
+    base_fwd(k, W, W16, l, out, in, X, beta, Y, N);
     if (b) k->add_bias(Y, b + (size_t)l * out, N, out);
     lora_forward(k, &e->plan, e->pool, l, t, X, in, Y, out, T, scratch);
 }
@@ -159,13 +177,14 @@ static void layer_forward(engine_t *e, int l, acts_t *a, const fwd_ctx_t *c, flo
     const kernels_t *k = e->k;
     const hf_config_t *cf = &e->m->cfg;
     const model_weights_t *w = &e->m->w;
+    const model_weights16_t *w16 = &e->m->w16;
     int N = c->N, D = cf->hidden_size, F = cf->intermediate_size, H = cf->num_attention_heads, hd = cf->head_dim;
     int Qd = H * hd, KVd = cf->num_key_value_heads * hd;
 
     k->rmsnorm(a->xn1, a->rstd1, a->x_in, w->attn_norm + (size_t)l * D, N, D, cf->rms_norm_eps);
-    linear(e, l, LORA_Q, a->xn1, D, a->q, Qd, w->wq, w->bq, 0.0f, a->T[LORA_Q], scratch, N);
-    linear(e, l, LORA_K, a->xn1, D, a->k, KVd, w->wk, w->bk, 0.0f, a->T[LORA_K], scratch, N);
-    linear(e, l, LORA_V, a->xn1, D, a->v, KVd, w->wv, w->bv, 0.0f, a->T[LORA_V], scratch, N);
+    linear(e, l, LORA_Q, a->xn1, D, a->q, Qd, w->wq, w16->wq, w->bq, 0.0f, a->T[LORA_Q], scratch, N);
+    linear(e, l, LORA_K, a->xn1, D, a->k, KVd, w->wk, w16->wk, w->bk, 0.0f, a->T[LORA_K], scratch, N);
+    linear(e, l, LORA_V, a->xn1, D, a->v, KVd, w->wv, w16->wv, w->bv, 0.0f, a->T[LORA_V], scratch, N);
     k->rope(a->q, c->pos, N, H, hd, e->m->rope_cos, e->m->rope_sin, false);
     k->rope(a->k, c->pos, N, cf->num_key_value_heads, hd, e->m->rope_cos, e->m->rope_sin, false);
     if (c->kc) {
@@ -184,11 +203,11 @@ static void layer_forward(engine_t *e, int l, acts_t *a, const fwd_ctx_t *c, flo
         k->attn_fwd(a->att, a->lse, a->q, a->k, a->v, c->packed);
     }
     if (a->x_mid != a->x_in) k->copy(a->x_mid, a->x_in, sizeof(float) * (size_t)N * D);
-    linear(e, l, LORA_O, a->att, Qd, a->x_mid, D, w->wo, NULL, 1.0f, a->T[LORA_O], scratch, N);
+    linear(e, l, LORA_O, a->att, Qd, a->x_mid, D, w->wo, w16->wo, NULL, 1.0f, a->T[LORA_O], scratch, N);
 
     k->rmsnorm(a->xn2, a->rstd2, a->x_mid, w->mlp_norm + (size_t)l * D, N, D, cf->rms_norm_eps);
-    linear(e, l, LORA_GATE, a->xn2, D, a->g, F, w->wg, NULL, 0.0f, a->T[LORA_GATE], scratch, N);
-    linear(e, l, LORA_UP, a->xn2, D, a->u, F, w->wu, NULL, 0.0f, a->T[LORA_UP], scratch, N);
+    linear(e, l, LORA_GATE, a->xn2, D, a->g, F, w->wg, w16->wg, NULL, 0.0f, a->T[LORA_GATE], scratch, N);
+    linear(e, l, LORA_UP, a->xn2, D, a->u, F, w->wu, w16->wu, NULL, 0.0f, a->T[LORA_UP], scratch, N);
     k->swiglu(a->h, a->g, a->u, (size_t)N * F);
     // x_out is the next layer's x_in; the caller points it (in place for inference).
 }
@@ -197,7 +216,7 @@ static void layer_forward_down(engine_t *e, int l, acts_t *a, float *x_out, int 
     const hf_config_t *cf = &e->m->cfg;
     int D = cf->hidden_size, F = cf->intermediate_size;
     if (x_out != a->x_mid) e->k->copy(x_out, a->x_mid, sizeof(float) * (size_t)N * D);
-    linear(e, l, LORA_DOWN, a->h, F, x_out, D, e->m->w.wd, NULL, 1.0f, a->T[LORA_DOWN], scratch, N);
+    linear(e, l, LORA_DOWN, a->h, F, x_out, D, e->m->w.wd, e->m->w16.wd, NULL, 1.0f, a->T[LORA_DOWN], scratch, N);
 }
 
 // --- inference ----------------------------------------------------------------------------------------
@@ -305,7 +324,7 @@ int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, flo
     // caller's buffer directly (no copy of M * vocab floats on the CPU's decode path).
     size_t V = (size_t)cf->vocab_size;
     float *dl = k == kernels_cpu() && logits ? logits : buf_get(k, &e->logits, (size_t)M * V);
-    k->gemm(false, true, M, cf->vocab_size, D, 1.0f, xg, D, e->m->w.lm_head, D, 0.0f, dl, cf->vocab_size);
+    base_fwd(k, e->m->w.lm_head, e->m->w16.lm_head, 0, cf->vocab_size, D, xg, 0.0f, dl, M);
     e->step_logits = logits ? NULL : dl;
     if (logits && dl != logits) k->to_host(logits, dl, sizeof(float) * (size_t)M * V);
     return 0;
@@ -474,6 +493,7 @@ static void train_backward(engine_t *e, train_fwd_t *f, float *dx, float *model_
     const kernels_t *k = e->k;
     const hf_config_t *cf = &e->m->cfg;
     const model_weights_t *w = &e->m->w;
+    const model_weights16_t *w16 = &e->m->w16;
     int N = f->N, L = f->L, D = cf->hidden_size, F = cf->intermediate_size, H = cf->num_attention_heads;
     int hd = cf->head_dim, KV = cf->num_key_value_heads, Qd = H * hd, KVd = KV * hd, R = e->plan.max_rank;
     model_weights_t gw = {0};
@@ -489,12 +509,12 @@ static void train_backward(engine_t *e, train_fwd_t *f, float *dx, float *model_
     for (int l = L - 1; l >= 0; l--) {
         acts_t *a = &f->layers[l];
         // MLP: x_out = x_mid + h Wd^T + LoRA_down(h)
-        k->gemm(false, false, N, F, D, 1.0f, dx, D, WL(w->wd, l, D, F), F, 0.0f, dh, F);
+        base_bwd(k, w->wd, w16->wd, l, D, F, dx, 0.0f, dh, N);
         if (model_grads) k->gemm(true, false, D, F, N, 1.0f, dx, D, a->h, F, 1.0f, WL(gw.wd, l, D, F), F);
         lora_backward(k, pl, pool, lora_grads, l, LORA_DOWN, a->h, F, dx, D, a->T[LORA_DOWN], dh, dT);
         k->swiglu_bwd(dg, du, dh, a->g, a->u, (size_t)N * F);
-        k->gemm(false, false, N, D, F, 1.0f, dg, F, WL(w->wg, l, F, D), D, 0.0f, dxn, D);
-        k->gemm(false, false, N, D, F, 1.0f, du, F, WL(w->wu, l, F, D), D, 1.0f, dxn, D);
+        base_bwd(k, w->wg, w16->wg, l, F, D, dg, 0.0f, dxn, N);
+        base_bwd(k, w->wu, w16->wu, l, F, D, du, 1.0f, dxn, N);
         if (model_grads) {
             k->gemm(true, false, F, D, N, 1.0f, dg, F, a->xn2, D, 1.0f, WL(gw.wg, l, F, D), D);
             k->gemm(true, false, F, D, N, 1.0f, du, F, a->xn2, D, 1.0f, WL(gw.wu, l, F, D), D);
@@ -504,15 +524,15 @@ static void train_backward(engine_t *e, train_fwd_t *f, float *dx, float *model_
         k->rmsnorm_bwd(dx, model_grads ? gw.mlp_norm + (size_t)l * D : NULL, dxn, a->x_mid,
                        w->mlp_norm + (size_t)l * D, a->rstd2, N, D);
         // Attention: x_mid = x_in + att Wo^T + LoRA_o(att)
-        k->gemm(false, false, N, Qd, D, 1.0f, dx, D, WL(w->wo, l, D, Qd), Qd, 0.0f, datt, Qd);
+        base_bwd(k, w->wo, w16->wo, l, D, Qd, dx, 0.0f, datt, N);
         if (model_grads) k->gemm(true, false, D, Qd, N, 1.0f, dx, D, a->att, Qd, 1.0f, WL(gw.wo, l, D, Qd), Qd);
         lora_backward(k, pl, pool, lora_grads, l, LORA_O, a->att, Qd, dx, D, a->T[LORA_O], datt, dT);
         k->attn_bwd(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, &f->pk);
         k->rope(dq, e->pos, N, H, hd, e->m->rope_cos, e->m->rope_sin, true);
         k->rope(dk, e->pos, N, KV, hd, e->m->rope_cos, e->m->rope_sin, true);
-        k->gemm(false, false, N, D, Qd, 1.0f, dq, Qd, WL(w->wq, l, Qd, D), D, 0.0f, dxn, D);
-        k->gemm(false, false, N, D, KVd, 1.0f, dk, KVd, WL(w->wk, l, KVd, D), D, 1.0f, dxn, D);
-        k->gemm(false, false, N, D, KVd, 1.0f, dv, KVd, WL(w->wv, l, KVd, D), D, 1.0f, dxn, D);
+        base_bwd(k, w->wq, w16->wq, l, Qd, D, dq, 0.0f, dxn, N);
+        base_bwd(k, w->wk, w16->wk, l, KVd, D, dk, 1.0f, dxn, N);
+        base_bwd(k, w->wv, w16->wv, l, KVd, D, dv, 1.0f, dxn, N);
         if (model_grads) {
             k->gemm(true, false, Qd, D, N, 1.0f, dq, Qd, a->xn1, D, 1.0f, WL(gw.wq, l, Qd, D), D);
             k->gemm(true, false, KVd, D, N, 1.0f, dk, KVd, a->xn1, D, 1.0f, WL(gw.wk, l, KVd, D), D);
@@ -543,6 +563,9 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
     const hf_config_t *cf = &e->m->cfg;
     int D = cf->hidden_size, V = cf->vocab_size, n_groups = lora_pool_slots(e->pool) + 1;
     if (validate_train(e, seqs, n, err)) return -1;
+    if (model_grads && e->m->bf16)
+        return err_set(err, "full-parameter training needs fp32 weights; this model's matrices are bf16 (model_to_bf16, "
+                       "--weights bf16): train LoRA adapters, or load the model with --weights fp32");
     if (mode == RUN_TRAIN) {
         if (lc->kind != LOSS_CE && lc->kind != LOSS_RL) return err_set(err, "unknown loss kind %d", lc->kind);
         if (lc->kind == LOSS_RL)
@@ -616,7 +639,7 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
         int c = M - m0 < CH ? M - m0 : CH;
         float *en = lp + c, *en_d = lp_d + c;   // lp and en adjacent: one transfer
         k->embed(xg, f.xf, mrow + m0, c, D);    // row gather: xg[r] = xf[mrow[m0 + r]]
-        k->gemm(false, true, c, V, D, 1.0f, xg, D, e->m->w.lm_head, D, 0.0f, logits, V);
+        base_fwd(k, e->m->w.lm_head, e->m->w16.lm_head, 0, V, D, xg, 0.0f, logits, c);
         k->token_logprobs(lp_d, en_d, logits, mtgt + m0, c, V, T);
         k->to_host(lp, lp_d, sizeof(float) * (size_t)c * 2);
         if (mode == RUN_LOGPROBS) {
@@ -672,7 +695,7 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
         }
         k->to_dev(dlp_d, dlp, sizeof(float) * (size_t)c);
         k->logprob_bwd(logits, dlp_d, mtgt + m0, c, V, T);
-        k->gemm(false, false, c, D, V, 1.0f, logits, V, e->m->w.lm_head, D, 0.0f, dxg, D);
+        base_bwd(k, e->m->w.lm_head, e->m->w16.lm_head, 0, V, D, logits, 0.0f, dxg, c);
         // Scatter dxg's rows back to their rows of dxf: one copy per run of consecutive rows (the
         // weighted tokens of a sequence usually form one run).
         for (int r = 0, q; r < c; r = q) {

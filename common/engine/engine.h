@@ -128,6 +128,8 @@ typedef struct {
 // lora_grads arenas are BACKEND memory (the model's table's alloc; the array itself is host).
 // stats (host, may be NULL) receives per-group statistics at index slot + 1 (0 = base rows) for
 // the first n_stats groups (lora_pool_slots() + 1 covers every slot).
+// A bf16 model (model_to_bf16) trains LoRA adapters only: model_grads must be NULL (it needs fp32
+// weights; -1 + err otherwise).
 // Returns 0 or -1 + err (bad input); nothing is accumulated on error.
 int engine_train(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cfg_t *lc, float *model_grads,
                  float *const *lora_grads, loss_stats_t *stats, int n_stats, char *err);

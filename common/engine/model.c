@@ -106,7 +106,7 @@ model_t *model_new(const hf_config_t *cfg, const kernels_t *k, char *err) {
     m->cfg = *cfg;
     m->k = k;
     size_t sizes[MODEL_N_TENSORS];
-    m->n_params = model_param_sizes(cfg, sizes);
+    m->n_params = m->n_f32 = model_param_sizes(cfg, sizes);
     m->params = k->alloc(m->n_params * sizeof(float));
     model_point(&m->w, m->params, cfg);
     // RoPE tables exactly as Hugging Face builds them: inv_freq in fp32, angle = pos * inv_freq
@@ -134,6 +134,7 @@ void model_destroy(model_t **pm) {
     if (!pm || !*pm) return;
     model_t *m = *pm;
     m->k->free(m->params);
+    m->k->free(m->params16);
     m->k->free(m->rope_cos);
     m->k->free(m->rope_sin);
     free(m);
@@ -148,6 +149,7 @@ static float randn(rng_t *r) {
 }
 
 void model_init_random(model_t *m, uint64_t seed) {
+    ASSERT(!m->bf16);   // the layout below is the fp32 arena's
     const hf_config_t *c = &m->cfg;
     size_t sizes[MODEL_N_TENSORS];
     model_param_sizes(c, sizes);
@@ -168,6 +170,66 @@ void model_init_random(model_t *m, uint64_t seed) {
     }
     m->k->to_dev(m->params, host, sizeof(float) * m->n_params);
     free(host);
+}
+
+// --- bf16 -------------------------------------------------------------------------------------------
+
+static bool kind_is_matrix(int kind) {
+    return kind == T_WQ || kind == T_WK || kind == T_WV || kind == T_WO || kind == T_WG || kind == T_WU ||
+           kind == T_WD || kind == T_HEAD;
+}
+
+int model_to_bf16(model_t *m, char *err) {
+    if (m->bf16) return 0;
+    const kernels_t *k = m->k;
+    const hf_config_t *cf = &m->cfg;
+    if (!k->gemm_bf16w || !k->to_bf16)
+        return err_set(err, "model_to_bf16: the %s backend has no bf16 ops; keep the model in fp32", k->name);
+    size_t sizes[MODEL_N_TENSORS];
+    model_param_sizes(cf, sizes);
+    // The head as multiplied: lm_head, or a copy of embed when tied (sizes[T_HEAD] is 0 then).
+    size_t head = (size_t)cf->vocab_size * (size_t)cf->hidden_size;
+    size_t n16 = 0, n32 = 0;
+    for (int i = 0; i < MODEL_N_TENSORS; i++) {
+        if (i == T_HEAD) n16 += head;
+        else if (kind_is_matrix(i)) n16 += sizes[i];
+        else n32 += sizes[i];
+    }
+    uint16_t *p16 = k->alloc(n16 * sizeof(uint16_t));
+    float *p32 = k->alloc(n32 * sizeof(float));
+    model_weights_t old = m->w, w = {0};
+    model_weights16_t w16 = {0};
+    const float *src[MODEL_N_TENSORS] = {old.embed, old.attn_norm, old.wq, old.bq, old.wk, old.bk, old.wv, old.bv,
+                                         old.wo, old.mlp_norm, old.wg, old.wu, old.wd, old.final_norm, old.lm_head};
+    float **dst32[MODEL_N_TENSORS] = {&w.embed, &w.attn_norm, NULL, &w.bq, NULL, &w.bk, NULL, &w.bv,
+                                      NULL, &w.mlp_norm, NULL, NULL, NULL, &w.final_norm, NULL};
+    uint16_t **dst16[MODEL_N_TENSORS] = {[T_WQ] = &w16.wq, [T_WK] = &w16.wk, [T_WV] = &w16.wv, [T_WO] = &w16.wo,
+                                         [T_WG] = &w16.wg, [T_WU] = &w16.wu, [T_WD] = &w16.wd,
+                                         [T_HEAD] = &w16.lm_head};
+    uint16_t *q = p16;
+    float *f = p32;
+    for (int i = 0; i < MODEL_N_TENSORS; i++) {
+        size_t n = i == T_HEAD ? head : sizes[i];
+        if (!n) continue;
+        if (kind_is_matrix(i)) {
+            k->to_bf16(q, i == T_HEAD && cf->tie_word_embeddings ? old.embed : src[i], n);
+            *dst16[i] = q;
+            q += n;
+        } else {
+            k->copy(f, src[i], n * sizeof(float));
+            *dst32[i] = f;
+            f += n;
+        }
+    }
+    k->free(m->params);   // waits for the conversions queued above
+    m->params = p32;
+    m->n_f32 = n32;
+    m->params16 = p16;
+    m->n_bf16 = n16;
+    m->w = w;
+    m->w16 = w16;
+    m->bf16 = true;
+    return 0;
 }
 
 // --- files ------------------------------------------------------------------------------------------
@@ -231,6 +293,9 @@ fail:
 int model_save(const model_t *m, const char *dir, char *err) {
     char path[4096], e2[ERR_LEN];
     const hf_config_t *cfg = &m->cfg;
+    if (m->bf16)
+        return err_set(err, "model_save: this model's matrices are bf16 (model_to_bf16) and their fp32 values are "
+                       "gone; save the fp32 model instead (load it without converting)");
     if (util_mkdirs(dir, err)) return -1;
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (hf_config_save(cfg, path, e2)) return err_set(err, "%s", e2);

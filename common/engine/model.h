@@ -1,12 +1,19 @@
 // model.h - Llama-family decoder weights: size table, one arena, load/save in the Hugging Face
 // layout (config.json + model.safetensors).
 //
-// All parameters live in ONE arena of backend memory; model_weights_t points into it. The same
-// layout serves gradients and AdamW moments (model_point() on another arena of n_params
-// floats), so the optimizer walks one flat buffer.
+// An fp32 model (model_new, model_load) keeps all parameters in ONE arena of backend memory;
+// model_weights_t points into it. The same layout serves gradients and AdamW moments
+// (model_point() on another arena of n_params floats), so the optimizer walks one flat buffer.
+//
+// A bf16 model (model_to_bf16) keeps the matrices (wq, wk, wv, wo, wg, wu, wd, lm_head) as bf16
+// in a second arena of backend memory (model_weights16_t) and only the vectors (embed, norms,
+// biases) in fp32: half the bytes, as the base model of LoRA training needs no fp32 master copy.
+// The engine then multiplies with the backend's gemm_bf16w; LoRA adapters, their gradients and
+// optimizer state stay fp32, and full-parameter training is refused (it needs fp32 weights).
 #ifndef MARLAAS_MODEL_H
 #define MARLAAS_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,12 +40,34 @@ typedef struct {
 
 #define MODEL_N_TENSORS 15
 
+// The matrices of a bf16 model: bf16 bit patterns (uint16_t, see kernels.h to_bf16), shapes as in
+// model_weights_t.
+typedef struct {
+    uint16_t *wq;        // (L, H*hd, D)
+    uint16_t *wk;        // (L, KV*hd, D)
+    uint16_t *wv;        // (L, KV*hd, D)
+    uint16_t *wo;        // (L, D, H*hd)
+    uint16_t *wg;        // (L, F, D)
+    uint16_t *wu;        // (L, F, D)
+    uint16_t *wd;        // (L, D, F)
+    uint16_t *lm_head;   // (V, D)   a bf16 copy of embed when tie_word_embeddings
+} model_weights16_t;
+
 typedef struct {
     hf_config_t cfg;
     const kernels_t *k;
-    float *params;           // arena of n_params floats (backend memory)
-    size_t n_params;
+    size_t n_params;         // parameters of the model (the layout of model_param_sizes), either precision
+    bool bf16;               // matrices in bf16 (model_to_bf16)
+    // fp32: params holds all n_params floats and w points into it (lm_head == embed when tied).
+    // bf16: params holds only embed, the norms and the biases (n_f32 floats, in arena order); w's
+    // matrix pointers and lm_head are NULL, and w16 points into params16 (n_bf16 values: the
+    // matrices, plus a V*D head copy of embed when tied).
+    float *params;           // fp32 arena of n_f32 floats (backend memory)
+    size_t n_f32;
     model_weights_t w;       // pointers into params
+    uint16_t *params16;      // bf16 arena of n_bf16 values (backend memory); NULL for an fp32 model
+    size_t n_bf16;
+    model_weights16_t w16;   // pointers into params16 (all NULL for an fp32 model)
     float *rope_cos;         // (max_pos, hd/2) backend memory
     float *rope_sin;         // (max_pos, hd/2)
 } model_t;
@@ -51,11 +80,21 @@ void model_point(model_weights_t *w, float *arena, const hf_config_t *cfg);
 // A model with the given config and zeroed weights. Validates the config.
 model_t *model_new(const hf_config_t *cfg, const kernels_t *k, char *err);
 // Initialises weights randomly (normal(0, 0.02) for matrices, 1 for norms, 0 for biases;
-// the output projections wo and wd scaled by 1/sqrt(2L)), deterministic for a seed.
+// the output projections wo and wd scaled by 1/sqrt(2L)), deterministic for a seed. fp32 models
+// only (aborts on a bf16 one: initialise, then convert).
 void model_init_random(model_t *m, uint64_t seed);
-// Loads DIR/config.json + DIR/model.safetensors (F32, F16 or BF16; converted to fp32).
+// Loads DIR/config.json + DIR/model.safetensors (F32, F16 or BF16; converted to fp32): an fp32
+// model. model_to_bf16 afterwards for a bf16 one.
 model_t *model_load(const char *dir, const kernels_t *k, char *err);
-// Writes DIR/config.json + DIR/model.safetensors (F32, Hugging Face tensor names).
+// Converts an fp32 model to a bf16 one in place (see the top of this file): the matrices are
+// rounded to bf16 (nearest even, the backend's to_bf16) into a new bf16 arena, the vectors move
+// to a smaller fp32 arena, and the full fp32 arena is freed. The fp32 matrix values are gone
+// afterwards. While converting, the old arena and both new ones are allocated (about 1.5x the
+// fp32 model's bytes at the peak). Returns 0 (also for a model already in bf16), or -1 + err
+// when the backend has no bf16 ops.
+int model_to_bf16(model_t *m, char *err);
+// Writes DIR/config.json + DIR/model.safetensors (F32, Hugging Face tensor names). An fp32 model
+// only: a bf16 model is refused (-1 + err), as its fp32 matrices no longer exist.
 int model_save(const model_t *m, const char *dir, char *err);
 void model_destroy(model_t **m);
 

@@ -36,6 +36,7 @@ static const struct {
     [SVC_ID] = {"id", "MARLAAS_ID", NULL},
     [SVC_HTTP] = {"http", "MARLAAS_HTTP", NULL},   // per service: see http_default
     [SVC_BACKEND] = {"backend", "MARLAAS_BACKEND", "cpu"},
+    [SVC_WEIGHTS] = {"weights", "MARLAAS_WEIGHTS", "auto"},
 };
 
 // Default HTTP ports: one per service, so a single host can run all four with no flags.
@@ -282,6 +283,35 @@ const kernels_t *svc_kernels(const svc_t *s, char *err) {
                  "image); use --backend cpu");
     return NULL;
 #endif
+}
+
+int svc_weights_bf16(const svc_t *s, const kernels_t *k, char *err) {
+    const char *w = s->opt[SVC_WEIGHTS];
+    if (!strcmp(w, "fp32")) return 0;
+    if (!strcmp(w, "bf16")) return 1;
+    if (!strcmp(w, "auto")) return k != kernels_cpu();
+    return err_set(err, "unknown --weights / MARLAAS_WEIGHTS '%s': use fp32, bf16 or auto (bf16 on cuda, fp32 on "
+                   "cpu)", w);
+}
+
+model_t *svc_load_model(const svc_t *s, const kernels_t *k, char *err) {
+    char e2[ERR_LEN];
+    int bf16 = svc_weights_bf16(s, k, err);
+    if (bf16 < 0) return NULL;
+    model_t *m = model_load(s->opt[SVC_MODEL], k, e2);
+    if (!m) {
+        err_set(err, "%s (set --model or MARLAAS_MODEL)", e2);
+        return NULL;
+    }
+    if (bf16 && model_to_bf16(m, e2)) {
+        err_set(err, "--weights %s: %s; use --weights fp32", s->opt[SVC_WEIGHTS], e2);
+        model_destroy(&m);
+        return NULL;
+    }
+    log_info("base model %s: %zu parameters, %s matrices (--weights %s), %.1f MiB of weights on %s",
+             s->opt[SVC_MODEL], m->n_params, m->bf16 ? "bf16" : "fp32", s->opt[SVC_WEIGHTS],
+             (m->n_f32 * 4.0 + m->n_bf16 * 2.0) / (1 << 20), k->name);
+    return m;
 }
 
 store_t *svc_open(svc_t *s) {

@@ -17,6 +17,8 @@
 //   --policy       MARLAAS_POLICY          async                   (scheduler: async | sync)
 //   --id           MARLAAS_ID              NAME-HOST-PID
 //   --backend      MARLAAS_BACKEND         cpu                     (rollout, trainer: cpu | cuda)
+//   --weights      MARLAAS_WEIGHTS         auto                    (rollout, trainer: fp32 | bf16 | auto =
+//                                                                   bf16 on cuda, fp32 on cpu)
 //   --http         MARLAAS_HTTP            scheduler 9500, rollout 9501, verifier 9502, trainer 9503
 //                                          (GET /healthz /readyz /metrics; PORT, HOST:PORT, 0 = off)
 // A service binds the endpoints it owns on all interfaces (tcp://*:PORT, port taken from the
@@ -26,6 +28,7 @@
 
 #include <stdbool.h>
 
+#include "common/engine/model.h"
 #include "common/net/http.h"
 #include "common/net/metrics.h"
 #include "common/net/store.h"
@@ -33,7 +36,8 @@
 
 typedef enum {
     SVC_REDIS, SVC_PREFIX, SVC_MODEL, SVC_API, SVC_WORK, SVC_EVENTS, SVC_REPORTS, SVC_VERIFIERS, SVC_TRAINER,
-    SVC_TRAINER_EVENTS, SVC_THREADS, SVC_ADMIN_TOKEN, SVC_POLICY, SVC_ID, SVC_HTTP, SVC_BACKEND, SVC_N_OPTS
+    SVC_TRAINER_EVENTS, SVC_THREADS, SVC_ADMIN_TOKEN, SVC_POLICY, SVC_ID, SVC_HTTP, SVC_BACKEND, SVC_WEIGHTS,
+    SVC_N_OPTS
 } svc_opt_t;
 
 typedef struct {
@@ -74,6 +78,13 @@ int svc_serve(svc_t *s, char *err);
 // The compute backend named by --backend (cpu, cuda), or NULL + err: an unknown name, a build
 // without the CUDA backend, no usable GPU, or a backend the engine cannot run on yet.
 const kernels_t *svc_kernels(const svc_t *s, char *err);
+// The precision --weights asks for the base model's matrices on backend k: 1 for bf16, 0 for
+// fp32 (auto: bf16 on the cuda backend, fp32 on the cpu one), -1 + err for an unknown value.
+// Call it with svc_kernels, before anything is started.
+int svc_weights_bf16(const svc_t *s, const kernels_t *k, char *err);
+// Loads --model on backend k in the precision of --weights (model_load, then model_to_bf16 for
+// bf16) and logs what it loaded. NULL + err.
+model_t *svc_load_model(const svc_t *s, const kernels_t *k, char *err);
 // svc_serve, then svc_store: the Redis connection of a service that serves its HTTP endpoint.
 // NULL (the error logged, everything closed) on failure.
 store_t *svc_open(svc_t *s);

@@ -55,6 +55,10 @@ rl_runtime_t *rl_runtime_open(const char *dir, const rl_runtime_cfg_t *cfg, char
     char path[4096];
     model_t *m = model_load(dir, cfg && cfg->k ? cfg->k : kernels_cpu(), err);
     if (!m) return NULL;
+    if (cfg && cfg->bf16 && model_to_bf16(m, err)) {
+        model_destroy(&m);
+        return NULL;
+    }
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     tokenizer_t *t = tokenizer_load(path, err);
     if (!t) {

@@ -32,6 +32,7 @@ typedef struct {
     int max_seqs;         // live sequences (default 512)
     int max_batch_tokens; // rows per engine step (default 512)
     const kernels_t *k;   // compute backend for rl_runtime_open (NULL = the CPU backend)
+    bool bf16;            // rl_runtime_open: base matrices in bf16 (model_to_bf16; see model.h)
 } rl_runtime_cfg_t;
 
 // Loads DIR (config.json, model.safetensors, tokenizer.json) and builds the runtime.

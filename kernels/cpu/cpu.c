@@ -127,23 +127,54 @@ static inline __attribute__((always_inline)) float dot_bf16(const float *restric
     return s;
 }
 
-// Up to BF16_SMALL_M rows of X (decode): one pass over W converting on the fly (half the bytes
-// of an fp32 W; measured faster than sgemm on an fp32 W up to ~8 rows), threads over W's rows.
-// More rows: W converted block by block (at least BF16_MIN_ROWS rows, about BF16_BLOCK_FLOATS
-// floats, 4 MiB) into the calling thread's buffer, each block multiplied by OpenBLAS sgemm.
-// Extra cost against sgemm on an fp32 W: one read of W and one write of its fp32 copy per call,
-// O(N K) against the product's O(M N K) (measured, 1 thread, 512x896x896: ~0.2 ms, ~3% of the
-// product), plus the thread's buffer.
+// trans_w (C = alpha X W^T + beta C, W (N,K)): up to BF16_SMALL_M rows of X (decode) take one
+// pass over W converting on the fly (half the bytes of an fp32 W; measured faster than sgemm on
+// an fp32 W up to ~8 rows), threads over W's rows. More rows: W converted block by block (at
+// least BF16_MIN_ROWS rows, about BF16_BLOCK_FLOATS floats, 4 MiB) into the calling thread's
+// buffer, each block multiplied by OpenBLAS sgemm. Extra cost against sgemm on an fp32 W: one
+// read of W and one write of its fp32 copy per call, O(N K) against the product's O(M N K)
+// (measured, 1 thread, 512x896x896: ~0.2 ms, ~3% of the product), plus the thread's buffer.
+// !trans_w (C = alpha X W + beta C, W (K,N), the backward dX = dY W): the same blocks, now runs
+// of W's K rows; each block's sgemm adds X[:, k0:k0+kb] W[k0:k0+kb, :] into C, the first one
+// with beta and the rest with 1, so beta is applied once and X is used exactly.
 #define BF16_SMALL_M 8
 #define BF16_BLOCK_FLOATS (1024 * 1024)
 #define BF16_MIN_ROWS 256
 
-static void cpu_gemm_bf16w(int M, int N, int K, float alpha, const float *X, int ldx, const uint16_t *W, int ldw,
-                           float beta, float *C, int ldc) {
+// Rows per converted block of a W with `cols` columns (a multiple of 16 unless it is the minimum).
+static int bf16_block_rows(int cols, int rows) {
+    int nb = BF16_BLOCK_FLOATS / cols;
+    nb = nb < BF16_MIN_ROWS ? BF16_MIN_ROWS : nb & ~15;
+    return nb > rows ? rows : nb;
+}
+
+// buf (rows, cols) contiguous = fp32 of W's rows r0 .. r0+rows-1 (row stride ldw).
+static void bf16_rows_to_f32(float *buf, const uint16_t *W, int ldw, int r0, int rows, int cols) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols > 65536)
+    for (int j = 0; j < rows; j++) {
+        const uint16_t *wj = W + (size_t)(r0 + j) * ldw;
+        float *bj = buf + (size_t)j * cols;
+        for (int k = 0; k < cols; k++) bj[k] = bf16_to_f32(wj[k]);
+    }
+}
+
+static void cpu_gemm_bf16w(bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx,
+                           const uint16_t *W, int ldw, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+        return;
+    }
+    if (!trans_w) {
+        int kb = bf16_block_rows(N, K);
+        float *buf = bf16_scratch((size_t)kb * N);
+        for (int k0 = 0; k0 < K; k0 += kb) {
+            int rows = K - k0 < kb ? K - k0 : kb;
+            bf16_rows_to_f32(buf, W, ldw, k0, rows, N);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, rows, alpha, X + k0, ldx, buf, N,
+                        k0 == 0 ? beta : 1.0f, C, ldc);
+        }
         return;
     }
     if (M <= BF16_SMALL_M) {
@@ -158,18 +189,11 @@ static void cpu_gemm_bf16w(int M, int N, int K, float alpha, const float *X, int
         }
         return;
     }
-    int nb = BF16_BLOCK_FLOATS / K;
-    nb = nb < BF16_MIN_ROWS ? BF16_MIN_ROWS : nb & ~15;
-    if (nb > N) nb = N;
+    int nb = bf16_block_rows(K, N);
     float *buf = bf16_scratch((size_t)nb * K);
     for (int j0 = 0; j0 < N; j0 += nb) {
         int rows = N - j0 < nb ? N - j0 : nb;
-#pragma omp parallel for schedule(static) if ((size_t)rows * K > 65536)
-        for (int j = 0; j < rows; j++) {
-            const uint16_t *wj = W + (size_t)(j0 + j) * ldw;
-            float *bj = buf + (size_t)j * K;
-            for (int k = 0; k < K; k++) bj[k] = bf16_to_f32(wj[k]);
-        }
+        bf16_rows_to_f32(buf, W, ldw, j0, rows, K);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, rows, K, alpha, X, ldx, buf, K, beta, C + j0, ldc);
     }
 }

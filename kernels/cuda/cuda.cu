@@ -382,15 +382,20 @@ __global__ void k_rows_to_bf16(uint16_t *dst, const float *X, int ldx, int K, si
     GRID_STRIDE(e, total) dst[e] = bf16_from_f32(X[(e / K) * ldx + e % K]);
 }
 
-// C (M,N) = alpha X W^T + beta C with W (N,K) bf16: X is rounded to bf16 into a grow-only scratch
-// (M*K*2 bytes), then cublasGemmEx with bf16 A and B, fp32 C and CUBLAS_COMPUTE_32F (fp32
-// accumulation; tensor cores where cuBLAS picks them). Row-major to column-major as in cuda_gemm:
-// C^T (N,M) = W X^T, W read transposed (lda = ldw), X^T as is (ldb = K). Any M, N, K; ldx, ldw
-// >= K and ldc >= N (checked); K = 0 gives beta * C.
-static void cuda_gemm_bf16w(int M, int N, int K, float alpha, const float *X, int ldx, const uint16_t *W, int ldw,
-                            float beta, float *C, int ldc) {
+// trans_w: C (M,N) = alpha X W^T + beta C with W (N,K) bf16; !trans_w: C = alpha X W + beta C
+// with W (K,N) bf16. X is rounded to bf16 into a grow-only scratch (M*K*2 bytes), then
+// cublasGemmEx with bf16 A and B, fp32 C and CUBLAS_COMPUTE_32F (fp32 accumulation; tensor cores
+// where cuBLAS picks them). Row-major to column-major as in cuda_gemm: C^T (N,M) = op(W) X^T with
+// X^T as is (ldb = K); a row-major W (N,K) is a column-major (K,N), read transposed (CUBLAS_OP_T,
+// lda = ldw); a row-major W (K,N) is a column-major (N,K), read as is (CUBLAS_OP_N, lda = ldw).
+// Any M, N, K; ldx >= K, ldw >= K (trans_w) or >= N (!trans_w), ldc >= N (checked); K = 0 gives
+// beta * C.
+static void cuda_gemm_bf16w(bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx,
+                            const uint16_t *W, int ldw, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
-    if (K > 0 && (ldx < K || ldw < K)) die_size("gemm_bf16w", "ldx %d and ldw %d must be >= K %d", ldx, ldw, K);
+    if (K > 0 && ldx < K) die_size("gemm_bf16w", "ldx %d must be >= K %d", ldx, K);
+    if (K > 0 && trans_w && ldw < K) die_size("gemm_bf16w", "ldw %d must be >= K %d (trans_w)", ldw, K);
+    if (K > 0 && !trans_w && ldw < N) die_size("gemm_bf16w", "ldw %d must be >= N %d (W not transposed)", ldw, N);
     if (ldc < N) die_size("gemm_bf16w", "ldc %d < N %d", ldc, N);
     ensure_init();
     if (K <= 0) {
@@ -401,8 +406,8 @@ static void cuda_gemm_bf16w(int M, int N, int K, float alpha, const float *X, in
     size_t total = (size_t)M * K;
     uint16_t *Xb = (uint16_t *)grow(g.bscratch, sizeof(uint16_t) * total);
     LAUNCH(k_rows_to_bf16, ew_grid(total), EW_BLOCK, Xb, X, ldx, K, total);
-    CKB(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W, CUDA_R_16BF, ldw, Xb, CUDA_R_16BF, K, &beta,
-                     C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CKB(cublasGemmEx(g.blas, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &alpha, W, CUDA_R_16BF, ldw,
+                     Xb, CUDA_R_16BF, K, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     after_launch("cublasGemmEx");
 }
 

@@ -42,8 +42,9 @@
 // PRECISION
 //   fp32 throughout; gemm is cuBLAS SGEMM with CUBLAS_DEFAULT_MATH (CUBLAS_COMPUTE_32F, no TF32);
 //   sumsq and the log-sum-exp of the loss ops accumulate in double like the CPU reference.
-//   gemm_bf16w rounds X to bf16 (nearest even) and multiplies with cublasGemmEx (bf16 inputs,
-//   fp32 output, CUBLAS_COMPUTE_32F: exact products, fp32 accumulation, tensor cores allowed);
+//   gemm_bf16w (both trans_w cases) rounds X to bf16 (nearest even) and multiplies with
+//   cublasGemmEx (bf16 inputs, fp32 output, CUBLAS_COMPUTE_32F: exact products, fp32
+//   accumulation, tensor cores allowed; W read with CUBLAS_OP_T for trans_w, CUBLAS_OP_N without);
 //   the CPU backend keeps X in fp32, so the two differ by at most 2^-8 |alpha| sum_k |x_k w_k|
 //   (plus fp32 accumulation error) per element. to_bf16 / from_bf16 are bit-identical to the CPU.
 //   sample returns the CPU backend's tokens except in threshold cases (u * mass or the top-p

@@ -22,7 +22,8 @@ int main(int argc, char **argv) {
     char err[ERR_LEN];
     // settings first: a wrong backend fails before anything is started
     const kernels_t *k = svc_kernels(&s, err);
-    if (!k) {
+    int bf16 = k ? svc_weights_bf16(&s, k, err) : -1;
+    if (bf16 < 0) {
         log_error("%s", err);
         return 2;
     }
@@ -44,10 +45,12 @@ int main(int argc, char **argv) {
                                          "Tokens generated, per job (all turns).");
     met_window_t tok_win = {0};
     rl_runtime_cfg_t rc_cfg = {.n_slots = atoi(svc_extra(&s, "max_adapters", "32")),
-                               .max_batch_tokens = atoi(svc_extra(&s, "max_batch_tokens", "512")), .k = k};
+                               .max_batch_tokens = atoi(svc_extra(&s, "max_batch_tokens", "512")), .k = k,
+                               .bf16 = bf16 == 1};
     rl_runtime_t *rt = rl_runtime_open(svc_get(&s, SVC_MODEL), &rc_cfg, err);
     if (!rt) {
-        log_error("cannot load the base model: %s (set --model or MARLAAS_MODEL)", err);
+        log_error("cannot load the base model: %s (set --model or MARLAAS_MODEL%s)", err,
+                  bf16 ? ", or --weights fp32" : "");
         store_destroy(&st);
         svc_close(&s);
         return 1;
@@ -76,7 +79,8 @@ int main(int argc, char **argv) {
     double last_resolve = -1e9, last_beat = 0, t_start = util_now();
     uint64_t tasks_in = 0, tasks_out = 0, rejected = 0;
     zpoller_t *poller = zpoller_new(work, events, NULL);
-    log_info("ready: model %s, %d adapter slots, id %s", svc_get(&s, SVC_MODEL), lora_pool_slots(rt->pool), s.id);
+    log_info("ready: model %s (%s weights), %d adapter slots, id %s", svc_get(&s, SVC_MODEL),
+             rt->model->bf16 ? "bf16" : "fp32", lora_pool_slots(rt->pool), s.id);
     while (!svc_stopping()) {
         if (util_now() - last_resolve > 10.0) {
             last_resolve = util_now();

@@ -30,9 +30,10 @@ static int run_worker(svc_t *s, const kernels_t *k, const dp_cfg_t *dc) {
         log_error("%s", err);
         return 2;
     }
-    model_t *m = model_load(svc_get(s, SVC_MODEL), k, err);
+    // the same base model as rank 0, in the same precision (--weights)
+    model_t *m = svc_load_model(s, k, err);
     if (!m) {
-        log_error("cannot load the base model: %s (set --model or MARLAAS_MODEL)", err);
+        log_error("cannot load the base model: %s", err);
         svc_close(s);
         return 1;
     }
@@ -110,7 +111,7 @@ int main(int argc, char **argv) {
     }
     // settings first: a wrong backend fails before anything is started
     const kernels_t *k = svc_kernels(&s, err);
-    if (!k) {
+    if (!k || svc_weights_bf16(&s, k, err) < 0) {
         log_error("%s", err);
         return 2;
     }
@@ -134,9 +135,9 @@ int main(int argc, char **argv) {
               m_job_failed = metrics_def_job(met, "marlaas_trainer_job_failures_total", MET_COUNTER,
                                          "Steps that failed the job, per job.");
     met_window_t step_win = {0};
-    model_t *m = model_load(svc_get(&s, SVC_MODEL), k, err);
+    model_t *m = svc_load_model(&s, k, err);
     if (!m) {
-        log_error("cannot load the base model: %s (set --model or MARLAAS_MODEL)", err);
+        log_error("cannot load the base model: %s", err);
         store_destroy(&st);
         svc_close(&s);
         return 1;

@@ -6,8 +6,8 @@
 #      backend on random inputs,
 #   3. prints the GPUs (nvidia-smi -L),
 #   4. runs the engine benchmark on the CUDA backend with a model of Qwen2.5-0.5B's shapes (random
-#      weights): decode tokens/s at batch 1/64/256 with 1 vs 32 adapters, prefill, train step,
-#      achieved GFLOP/s beside cuBLAS SGEMM's.
+#      weights, matrices in bf16 as the services load them on cuda): decode tokens/s at batch
+#      1/64/256 with 1 vs 32 adapters, prefill, train step, achieved GFLOP/s beside cuBLAS SGEMM's.
 # Exits non-zero when the build or a test fails, or when a GPU is visible to the driver but the
 # tests could not use it. Without a GPU it prints one SKIPPED line and exits 0.
 #
@@ -82,16 +82,17 @@ if ! echo "$summary" | grep -q ' 0 failed, 0 crashed, ' || [ "${skipped:-1}" -gt
     tests_ok=0
 fi
 
-# The engine on a model with Qwen2.5-0.5B's shapes (random weights): decode at batch 1/64/256 with
-# 1 vs 32 adapters, prefill, train step, achieved GFLOP/s beside cuBLAS SGEMM's.
-say "engine benchmark: Qwen2.5-0.5B shapes, random weights (marlaas init-model --shape qwen2.5-0.5b)"
+# The engine on a model with Qwen2.5-0.5B's shapes (random weights, bf16 matrices: --weights auto
+# on cuda): decode at batch 1/64/256 with 1 vs 32 adapters, prefill, train step, achieved GFLOP/s
+# beside cuBLAS SGEMM's (fp32; the bf16 products run on GemmEx).
+say "engine benchmark: Qwen2.5-0.5B shapes, random weights (marlaas init-model --shape qwen2.5-0.5b), bf16 base weights (--weights bf16)"
 model=$(mktemp -d)
 trap 'rm -f "$log"; rm -rf "$model"' EXIT
 bench_ok=1
 if ! build/cuda/bin/marlaas init-model --shape qwen2.5-0.5b --out "$model/qwen" >/dev/null; then
     say "FAILED: marlaas init-model --shape qwen2.5-0.5b"
     bench_ok=0
-elif ! timeout 360 build/cuda/bin/marlaas-bench-engine --backend cuda --model "$model/qwen" --batches 1,64,256 --prompt 64; then
+elif ! timeout 360 build/cuda/bin/marlaas-bench-engine --backend cuda --weights bf16 --model "$model/qwen" --batches 1,64,256 --prompt 64; then
     say "FAILED: the engine benchmark (exit status $?)"
     bench_ok=0
 fi

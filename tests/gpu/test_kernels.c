@@ -369,17 +369,19 @@ Test(cuda, bf16_convert) {
     G->from_bf16(df, db, 0);
 }
 
-// C = alpha X W^T + beta C with W bf16. The GPU rounds X to bf16 (unit roundoff u16 = 2^-8), the
-// CPU reference does not, so per element, with B = |alpha| sum_k |x_k| |w_k|:
+// trans_w: C = alpha X W^T + beta C with W (N,K) bf16; !trans_w: C = alpha X W + beta C with W
+// (K,N) bf16 (the backward's dX = dY W). The GPU rounds X to bf16 (unit roundoff u16 = 2^-8),
+// the CPU reference does not, so per element, with B = |alpha| sum_k |x_k| |w_k|:
 //   |cuda - cpu| <= u16 B  (X rounding)  +  2 (K+2) 2^-23 B  (two fp32 accumulations in any
 //   order, doubled for tensor cores that truncate)  +  2^-22 |beta c|
 // (a rigorous bound; the typical X-rounding error is ~u16/sqrt(3) * sqrt(sum (x w)^2), far
 // smaller). Against a CPU reference on the bf16-rounded X, only the fp32 terms remain: that
 // tighter check shows the GPU rounds X to nearest bf16 and accumulates in fp32; an error in
-// indexing or layout gives O(1) differences, a product with X kept in fp32 fails it by ~u16.
-static void gemm_bf16w_case(int M, int N, int K, float alpha, float beta, int pad, bool nan_c) {
-    int ldx = K + pad, ldw = K + 2 * pad, ldc = N + pad;
-    size_t nx = (size_t)M * ldx, nw = (size_t)N * ldw, nc = (size_t)M * ldc;
+// indexing or layout (W read in the other orientation included) gives O(1) differences, a
+// product with X kept in fp32 fails it by ~u16.
+static void gemm_bf16w_case(bool trans_w, int M, int N, int K, float alpha, float beta, int pad, bool nan_c) {
+    int ldx = K + pad, ldw = (trans_w ? K : N) + 2 * pad, ldc = N + pad, wrows = trans_w ? N : K;
+    size_t nx = (size_t)M * ldx, nw = (size_t)wrows * ldw, nc = (size_t)M * ldc;
     float *X = hrand(nx + 1, -1, 1), *Wf = hrand(nw + 1, -1, 1), *Cc = hrand(nc, -1, 1);
     if (nan_c)
         for (size_t i = 0; i < nc; i++) Cc[i] = NAN;
@@ -396,63 +398,69 @@ static void gemm_bf16w_case(int M, int N, int K, float alpha, float beta, int pa
     float *want = hbuf(nc), *want_r = hbuf(nc);
     memcpy(want, Cc, sizeof(float) * nc);
     memcpy(want_r, Cc, sizeof(float) * nc);
-    C->gemm_bf16w(M, N, K, alpha, X, ldx, W, ldw, beta, want, ldc);
-    C->gemm_bf16w(M, N, K, alpha, Xr, ldx, W, ldw, beta, want_r, ldc);
-    G->gemm_bf16w(M, N, K, alpha, dX, ldx, dW, ldw, beta, dC, ldc);
+    C->gemm_bf16w(trans_w, M, N, K, alpha, X, ldx, W, ldw, beta, want, ldc);
+    C->gemm_bf16w(trans_w, M, N, K, alpha, Xr, ldx, W, ldw, beta, want_r, ldc);
+    G->gemm_bf16w(trans_w, M, N, K, alpha, dX, ldx, dW, ldw, beta, dC, ldc);
     float *got = hback(dC, nc);
     for (int i = 0; i < M; i++)
         for (int j = 0; j < ldc; j++) {
             size_t e = (size_t)i * ldc + j;
             if (j >= N) {
-                cr_assert(memcmp(&got[e], &Cc[e], sizeof(float)) == 0, "gemm_bf16w: padding C[%d,%d] changed", i, j);
+                cr_assert(memcmp(&got[e], &Cc[e], sizeof(float)) == 0, "gemm_bf16w trans_w=%d: padding C[%d,%d] changed",
+                          trans_w, i, j);
                 continue;
             }
             double B = 0.0;
-            for (int k = 0; k < K; k++) B += fabs((double)X[(size_t)i * ldx + k] * Wf[(size_t)j * ldw + k]);
+            for (int k = 0; k < K; k++)
+                B += fabs((double)X[(size_t)i * ldx + k] * (trans_w ? Wf[(size_t)j * ldw + k] : Wf[(size_t)k * ldw + j]));
             B *= fabs(alpha);
             double bc = beta == 0.0f ? 0.0 : fabs((double)beta * Cc[e]);
             double acc = 2.0 * (K + 2) * 0x1p-23 * B + 0x1p-22 * bc + 1e-30;
             double d = fabs((double)got[e] - want[e]), dr = fabs((double)got[e] - want_r[e]);
             if (!(d <= 0x1p-8 * B + acc))
-                cr_assert_fail("gemm_bf16w M=%d N=%d K=%d alpha=%g beta=%g: C[%d,%d] cuda %.9g, cpu (fp32 X) %.9g: "
-                               "|diff| %.3g > bound %.3g",
-                               M, N, K, alpha, beta, i, j, got[e], want[e], d, 0x1p-8 * B + acc);
+                cr_assert_fail("gemm_bf16w trans_w=%d M=%d N=%d K=%d alpha=%g beta=%g: C[%d,%d] cuda %.9g, cpu (fp32 X) "
+                               "%.9g: |diff| %.3g > bound %.3g",
+                               trans_w, M, N, K, alpha, beta, i, j, got[e], want[e], d, 0x1p-8 * B + acc);
             if (!(dr <= acc))
-                cr_assert_fail("gemm_bf16w M=%d N=%d K=%d alpha=%g beta=%g: C[%d,%d] cuda %.9g, cpu (bf16 X) %.9g: "
-                               "|diff| %.3g > bound %.3g",
-                               M, N, K, alpha, beta, i, j, got[e], want_r[e], dr, acc);
+                cr_assert_fail("gemm_bf16w trans_w=%d M=%d N=%d K=%d alpha=%g beta=%g: C[%d,%d] cuda %.9g, cpu (bf16 X) "
+                               "%.9g: |diff| %.3g > bound %.3g",
+                               trans_w, M, N, K, alpha, beta, i, j, got[e], want_r[e], dr, acc);
         }
 }
 
 Test(cuda, gemm_bf16w) {
     static const int sizes[] = {1, 3, 17, 64, 129};
     seed(19);
-    for (int mi = 0; mi < 5; mi++)
-        for (int ni = 0; ni < 5; ni++)
-            for (int ki = 0; ki < 5; ki++) {
-                int v = mi + ni + ki;
-                gemm_bf16w_case(sizes[mi], sizes[ni], sizes[ki], v % 3 ? 0.7f : 1.0f, v % 2 ? 0.3f : 0.0f, v % 4,
-                                false);
-                teardown();
-            }
-    gemm_bf16w_case(64, 300, 896, 1.0f, 0.0f, 0, true);   // a model-sized K; beta = 0 overwrites NaN
-    teardown();
-    gemm_bf16w_case(5, 7, 33, -1.5f, 1.0f, 1, false);
-    teardown();
+    for (int t = 0; t < 2; t++) {
+        for (int mi = 0; mi < 5; mi++)
+            for (int ni = 0; ni < 5; ni++)
+                for (int ki = 0; ki < 5; ki++) {
+                    int v = mi + ni + ki;
+                    gemm_bf16w_case(t == 0, sizes[mi], sizes[ni], sizes[ki], v % 3 ? 0.7f : 1.0f,
+                                    v % 2 ? 0.3f : 0.0f, v % 4, false);
+                    teardown();
+                }
+        // a model-sized K (forward) or N (backward); beta = 0 overwrites NaN
+        gemm_bf16w_case(t == 0, 64, t == 0 ? 300 : 896, t == 0 ? 896 : 300, 1.0f, 0.0f, 0, true);
+        teardown();
+        gemm_bf16w_case(t == 0, 5, 7, 33, -1.5f, 1.0f, 1, false);
+        teardown();
+    }
 }
 
 // K = 0: C = beta * C (0 when beta = 0), as gemm. Exact.
 Test(cuda, gemm_bf16w_k0) {
     seed(20);
-    for (int b = 0; b < 2; b++) {
-        float beta = b ? 0.5f : 0.0f;
+    for (int b = 0; b < 4; b++) {
+        float beta = b % 2 ? 0.5f : 0.0f;
+        bool trans_w = b < 2;
         int M = 5, N = 7, ldc = 9;
         float *Cc = hrand((size_t)M * ldc, -1, 1), *X = hrand(8, -1, 1);
         uint16_t W[8] = {0};
         float *dC = dcopy(Cc, (size_t)M * ldc), *dX = dcopy(X, 8);
         uint16_t *dW = dmem(16);
-        C->gemm_bf16w(M, N, 0, 1.0f, X, 1, W, 1, beta, Cc, ldc);
-        G->gemm_bf16w(M, N, 0, 1.0f, dX, 1, dW, 1, beta, dC, ldc);
+        C->gemm_bf16w(trans_w, M, N, 0, 1.0f, X, 1, W, 1, beta, Cc, ldc);
+        G->gemm_bf16w(trans_w, M, N, 0, 1.0f, dX, 1, dW, 1, beta, dC, ldc);
         expect_equal("gemm_bf16w K=0", hback(dC, (size_t)M * ldc), Cc, (size_t)M * ldc);
     }
 }
@@ -1151,7 +1159,13 @@ static void bad_target(void) {
 static void bad_ld_bf16(void) {
     float x = 0;
     uint16_t w = 0;
-    G->gemm_bf16w(1, 1, 8, 1.0f, &x, 2, &w, 8, 0.0f, &x, 1);
+    G->gemm_bf16w(true, 1, 1, 8, 1.0f, &x, 2, &w, 8, 0.0f, &x, 1);
+}
+
+static void bad_ldw_bf16(void) {
+    float x = 0;
+    uint16_t w = 0;
+    G->gemm_bf16w(false, 1, 6, 8, 1.0f, &x, 8, &w, 5, 0.0f, &x, 6);
 }
 
 static void bad_top_k(void) {
@@ -1176,7 +1190,8 @@ static void bad_vocab(void) {
 }
 
 Test(cuda, unsupported_sizes_abort) {
-    expect_abort(bad_ld_bf16, "marlaas cuda: gemm_bf16w failed: ldx 2 and ldw 8 must be >= K 8");
+    expect_abort(bad_ld_bf16, "marlaas cuda: gemm_bf16w failed: ldx 2 must be >= K 8");
+    expect_abort(bad_ldw_bf16, "marlaas cuda: gemm_bf16w failed: ldw 5 must be >= N 6 (W not transposed)");
     expect_abort(bad_top_k, "marlaas cuda: sample failed: row 1: top_k 5000 > 4096");
     expect_abort(bad_u, "marlaas cuda: sample failed: row 0: u = 1 outside [0, 1)");
     expect_abort(bad_vocab, "marlaas cuda: sample failed: V 0 outside the supported range 1..16777216");

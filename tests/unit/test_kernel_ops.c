@@ -134,41 +134,46 @@ Test(kernel_ops, bf16_round_trip) {
 
 // --- gemm_bf16w ----------------------------------------------------------------------------------
 
-// C = alpha X W^T + beta C against a double-precision reference on the same (bf16) W. Error
-// bound of an fp32 dot product of K terms in any order (with or without FMA): K u sum |x w| with
-// u = 2^-24, plus the scaling and beta terms; twice that, so the check is rigorous yet ~1e-6
+// trans_w: C = alpha X W^T + beta C, W (N,K); !trans_w: C = alpha X W + beta C, W (K,N); against
+// a double-precision reference on the same (bf16) W. Error bound of an fp32 dot product of K
+// terms in any order (with or without FMA, in one sum or in blocks added into C): K u sum |x w|
+// with u = 2^-24, plus the scaling and beta terms; twice that, so the check is rigorous yet ~1e-6
 // relative for these sizes, far below a wrong index (O(1)) or a bf16 rounding of X (2^-9).
-static void check_gemm_bf16w(int M, int N, int K, float alpha, float beta, int pad, bool nan_c) {
+// pad > 0 gives row strides larger than the rows (ldx, ldw, ldc); C's padding must stay as it was.
+static void check_gemm_bf16w(bool trans_w, int M, int N, int K, float alpha, float beta, int pad, bool nan_c) {
     const kernels_t *B = kernels_cpu();
-    int ldx = K + pad, ldw = K + 2 * pad, ldc = N + pad;
+    int ldx = K + pad, ldw = (trans_w ? K : N) + 2 * pad, ldc = N + pad, wrows = trans_w ? N : K;
     float *X = B->alloc(sizeof(float) * (size_t)M * (ldx > 0 ? ldx : 1));
-    float *Wf = B->alloc(sizeof(float) * (size_t)N * (ldw > 0 ? ldw : 1));
-    uint16_t *W = B->alloc(sizeof(uint16_t) * (size_t)N * (ldw > 0 ? ldw : 1));
+    float *Wf = B->alloc(sizeof(float) * (size_t)(wrows > 0 ? wrows : 1) * ldw);
+    uint16_t *W = B->alloc(sizeof(uint16_t) * (size_t)(wrows > 0 ? wrows : 1) * ldw);
     float *C = B->alloc(sizeof(float) * (size_t)M * ldc), *C0 = B->alloc(sizeof(float) * (size_t)M * ldc);
     for (size_t i = 0; i < (size_t)M * ldx; i++) X[i] = tk_unif(-1, 1);
-    for (size_t i = 0; i < (size_t)N * ldw; i++) Wf[i] = tk_unif(-1, 1);
+    for (size_t i = 0; i < (size_t)wrows * ldw; i++) Wf[i] = tk_unif(-1, 1);
     for (size_t i = 0; i < (size_t)M * ldc; i++) C[i] = nan_c ? NAN : tk_unif(-1, 1);
     memcpy(C0, C, sizeof(float) * (size_t)M * ldc);
-    B->to_bf16(W, Wf, (size_t)N * ldw);
-    B->from_bf16(Wf, W, (size_t)N * ldw);   // the exact values the op multiplies by
-    B->gemm_bf16w(M, N, K, alpha, X, ldx, W, ldw, beta, C, ldc);
+    B->to_bf16(W, Wf, (size_t)wrows * ldw);
+    B->from_bf16(Wf, W, (size_t)wrows * ldw);   // the exact values the op multiplies by
+    B->gemm_bf16w(trans_w, M, N, K, alpha, X, ldx, W, ldw, beta, C, ldc);
     for (int i = 0; i < M; i++)
         for (int j = 0; j < ldc; j++) {
             float got = C[(size_t)i * ldc + j], c0 = C0[(size_t)i * ldc + j];
             if (j >= N) {   // padding: untouched
-                cr_assert(memcmp(&got, &c0, sizeof got) == 0, "M=%d N=%d K=%d: padding C[%d,%d] changed", M, N, K, i, j);
+                cr_assert(memcmp(&got, &c0, sizeof got) == 0, "trans_w=%d M=%d N=%d K=%d: padding C[%d,%d] changed",
+                          trans_w, M, N, K, i, j);
                 continue;
             }
             double s = 0.0, mag = 0.0;
             for (int k = 0; k < K; k++) {
-                double p = (double)X[(size_t)i * ldx + k] * Wf[(size_t)j * ldw + k];
+                double w = trans_w ? Wf[(size_t)j * ldw + k] : Wf[(size_t)k * ldw + j];
+                double p = (double)X[(size_t)i * ldx + k] * w;
                 s += p;
                 mag += fabs(p);
             }
             double bc = beta == 0.0f ? 0.0 : (double)beta * c0;   // beta = 0: C is not read
             double want = (double)alpha * s + bc;
             double bound = 2.0 * ((K + 2) * 0x1p-24 * fabs(alpha) * mag + 0x1p-23 * fabs(bc)) + 1e-30;
-            cr_assert(fabs(got - want) <= bound, "M=%d N=%d K=%d alpha=%g beta=%g: C[%d,%d] = %.9g, want %.9g (bound %.3g)",
+            cr_assert(fabs(got - want) <= bound,
+                      "trans_w=%d M=%d N=%d K=%d alpha=%g beta=%g: C[%d,%d] = %.9g, want %.9g (bound %.3g)", trans_w,
                       M, N, K, alpha, beta, i, j, got, want, bound);
         }
     B->free(X);
@@ -183,30 +188,42 @@ Test(kernel_ops, gemm_bf16w_sizes) {
     static const int Ns[] = {1, 3, 17, 130};
     static const int Ks[] = {1, 7, 129, 300};
     tk_state = 2;
-    for (int mi = 0; mi < 7; mi++)
-        for (int ni = 0; ni < 4; ni++)
-            for (int ki = 0; ki < 4; ki++) {
-                int v = mi + ni + ki;
-                check_gemm_bf16w(Ms[mi], Ns[ni], Ks[ki], v % 3 ? 0.7f : 1.0f, v % 2 ? 0.3f : 0.0f, v % 4, false);
-            }
+    for (int t = 0; t < 2; t++)
+        for (int mi = 0; mi < 7; mi++)
+            for (int ni = 0; ni < 4; ni++)
+                for (int ki = 0; ki < 4; ki++) {
+                    int v = mi + ni + ki;
+                    check_gemm_bf16w(t == 0, Ms[mi], Ns[ni], Ks[ki], v % 3 ? 0.7f : 1.0f, v % 2 ? 0.3f : 0.0f, v % 4,
+                                     false);
+                }
 }
 
-// Several W blocks (K = 1024: 1024-row blocks, the last one partial; K = 4100: 256-row blocks)
-// and the few-rows path; beta = 0 overwrites a NaN-filled C on both paths; K = 0 gives beta * C.
+// trans_w: several W blocks (K = 1024: 1024-row blocks, the last one partial; K = 4100: 256-row
+// blocks) and the few-rows path. !trans_w: blocks of W's K rows (N = 600: 1744-row blocks, so
+// K = 4100 takes three, beta applied by the first only; N = 4100: 256-row blocks). beta = 0
+// overwrites a NaN-filled C on every path; K = 0 gives beta * C.
 Test(kernel_ops, gemm_bf16w_blocks_and_edges) {
     tk_state = 3;
-    check_gemm_bf16w(9, 2100, 1024, 1.0f, 0.5f, 1, false);
-    check_gemm_bf16w(9, 600, 4100, 1.0f, 0.5f, 0, false);
-    check_gemm_bf16w(8, 600, 4100, 0.5f, 1.0f, 3, false);
-    check_gemm_bf16w(33, 70, 129, 1.0f, 0.0f, 2, true);
-    check_gemm_bf16w(2, 70, 129, 1.0f, 0.0f, 2, true);
+    for (int t = 0; t < 2; t++) {
+        bool tw = t == 0;
+        check_gemm_bf16w(tw, 9, 2100, 1024, 1.0f, 0.5f, 1, false);
+        check_gemm_bf16w(tw, 9, 600, 4100, 1.0f, 0.5f, 0, false);
+        check_gemm_bf16w(tw, 8, 600, 4100, 0.5f, 1.0f, 3, false);
+        check_gemm_bf16w(tw, 33, 70, 129, 1.0f, 0.0f, 2, true);
+        check_gemm_bf16w(tw, 2, 70, 129, 1.0f, 0.0f, 2, true);
+    }
+    check_gemm_bf16w(false, 13, 600, 4100, 1.0f, 0.0f, 1, true);    // NaN C, beta = 0, several blocks
+    check_gemm_bf16w(false, 11, 4100, 700, 0.7f, 0.3f, 2, false);   // 256-row blocks, 3 of them
     const kernels_t *B = kernels_cpu();
-    float C[6] = {1, 2, 3, 4, 5, 6}, x = 1;
-    uint16_t w = 0x3f80;
-    B->gemm_bf16w(2, 3, 0, 1.0f, &x, 1, &w, 1, 0.5f, C, 3);
-    for (int i = 0; i < 6; i++) cr_assert(C[i] == 0.5f * (float)(i + 1), "K=0: C[%d] = %g", i, C[i]);
-    B->gemm_bf16w(2, 3, 0, 1.0f, &x, 1, &w, 1, 0.0f, C, 3);
-    for (int i = 0; i < 6; i++) cr_assert(C[i] == 0.0f, "K=0 beta=0: C[%d] = %g", i, C[i]);
+    for (int t = 0; t < 2; t++) {
+        float C[6] = {1, 2, 3, 4, 5, 6}, x = 1;
+        uint16_t w = 0x3f80;
+        B->gemm_bf16w(t == 0, 2, 3, 0, 1.0f, &x, 1, &w, 1, 0.5f, C, 3);
+        for (int i = 0; i < 6; i++) cr_assert(C[i] == 0.5f * (float)(i + 1), "K=0: C[%d] = %g", i, C[i]);
+        B->gemm_bf16w(t == 0, 2, 3, 0, 1.0f, &x, 1, &w, 1, 0.0f, C, 3);
+        for (int i = 0; i < 6; i++) cr_assert(C[i] == 0.0f, "K=0 beta=0: C[%d] = %g", i, C[i]);
+    }
+    for (int t = 0; t < 2; t++) check_gemm_bf16w(t == 0, 5, 7, 0, 1.0f, 0.5f, 2, false);   // K = 0, padded
 }
 
 // --- sample vs sampler_sample ---------------------------------------------------------------------

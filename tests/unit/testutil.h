@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -66,6 +67,49 @@ static inline lora_t *tu_adapter(const hf_config_t *c, int r, unsigned targets, 
     rng_seed(&rr, seed ^ 0x9e3779b97f4a7c15ull);
     for (size_t i = 0; i < a->n_params; i++) a->params[i] = 0.2f * (2.0f * rng_uniform(&rr) - 1.0f);
     return a;
+}
+
+// Whether arena kind i (model.c's order, see model_param_sizes) is a matrix: the tensors a bf16
+// model (model_to_bf16) keeps in bf16. Kind 14 is the head.
+static inline bool tu_kind_is_matrix(int i) {
+    return i == 2 || i == 4 || i == 6 || i == 8 || (i >= 10 && i <= 12) || i == 14;
+}
+
+// An fp32 CPU model computing what m converted with model_to_bf16 computes: m's values (m an
+// fp32 model on any backend) with every matrix rounded to bf16. A tied m gets an untied copy whose
+// head is the rounded embed and whose embed (the token gather) stays exact, as in a bf16 model.
+// NULL on failure (message on stderr).
+static inline model_t *tu_bf16_reference(const model_t *m) {
+    char err[ERR_LEN];
+    const kernels_t *k = kernels_cpu();
+    hf_config_t c = m->cfg;
+    c.tie_word_embeddings = false;
+    model_t *r = model_new(&c, k, err);
+    if (!r || m->bf16) {
+        fprintf(stderr, "tu_bf16_reference: %s\n", r ? "the model is bf16 already" : err);
+        model_destroy(&r);
+        return NULL;
+    }
+    size_t ss[MODEL_N_TENSORS], sd[MODEL_N_TENSORS];
+    size_t n_src = model_param_sizes(&m->cfg, ss);
+    model_param_sizes(&c, sd);
+    float *src = malloc(sizeof(float) * n_src);
+    uint16_t *h = malloc(sizeof(uint16_t) * r->n_params);
+    m->k->to_host(src, m->params, sizeof(float) * n_src);
+    const float *p = src;
+    float *dst = r->params;
+    for (int i = 0; i < MODEL_N_TENSORS; i++) {
+        memcpy(dst, i == 14 && m->cfg.tie_word_embeddings ? src : p, sizeof(float) * sd[i]);   // embed is first
+        if (tu_kind_is_matrix(i)) {
+            k->to_bf16(h, dst, sd[i]);
+            k->from_bf16(dst, h, sd[i]);
+        }
+        p += ss[i];
+        dst += sd[i];
+    }
+    free(h);
+    free(src);
+    return r;
 }
 
 // The lookup tool's table as env.c documents it: FNV-1a 64 of the key, the splitmix64 finaliser,

@@ -105,8 +105,8 @@ const char *cublasGetStatusString(cublasStatus_t s);
 typedef enum { CUDA_R_32F, CUDA_R_16BF } cudaDataType_t;
 typedef enum { CUBLAS_COMPUTE_32F } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT } cublasGemmAlgo_t;
-// Only what gemm_bf16w uses: A and B bf16, C fp32, fp32 compute (products of bf16 values are
-// exact in fp32; accumulated in fp32 in k order).
+// Only what gemm_bf16w uses: A and B bf16 (A, the weight, read transposed or as is; B as is), C
+// fp32, fp32 compute (products of bf16 values are exact in fp32; accumulated in fp32 in k order).
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                             const void *alpha, const void *A, cudaDataType_t Atype, int lda, const void *B,
                             cudaDataType_t Btype, int ldb, const void *beta, void *C, cudaDataType_t Ctype, int ldc,

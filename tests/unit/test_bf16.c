@@ -1,0 +1,269 @@
+// test_bf16.c - bf16 base models (model_to_bf16) on the CPU backend: the engine on a bf16 model
+// against the engine on an fp32 model whose matrices hold the same bf16-rounded values (logits
+// of engine_step on the prefill and the few-rows decode paths, log-probs of engine_logprobs,
+// LoRA gradients of engine_train), against the unrounded fp32 model (a bounded, nonzero
+// difference: the bf16 weights are the ones used), the memory layout after conversion, and
+// what a bf16 model refuses (full-parameter training, model_save). Untied and tied heads. Also
+// the services' --weights setting (svc_weights_bf16, svc_load_model).
+//
+// Tolerances: the CPU backend's gemm_bf16w uses X exactly and multiplies by exactly the bf16
+// values, so against the rounded fp32 model only the fp32 summation order differs (the
+// few-rows path sums in its own order, the backward adds W in blocks): about 1e-7 relative per
+// product, a few 1e-7 after the layers. The checks allow 1e-5 relative to the largest
+// magnitude of each output, 10-100x that, while the bf16 rounding of the weights (2^-9
+// relative per weight) moves the outputs by ~1e-3 relative: the unrounded model must differ
+// by more than 1e-4 (the bf16 path is used) and less than 5e-2 (it is the same model).
+#include <criterion/criterion.h>
+#include <stdlib.h>
+
+#include "common/net/svc.h"
+#include "testutil.h"
+
+typedef struct {
+    model_t *m;
+    lora_pool_t *pool;
+    engine_t *e;
+} rig_t;
+
+// An engine on m (ownership moves) with the same random adapter in slot 0 of every rig.
+static rig_t rig_new(model_t *m) {
+    char err[ERR_LEN];
+    rig_t g = {.m = m, .pool = lora_pool_new(2)};
+    lora_t *a = tu_adapter(&m->cfg, 4, LORA_ALL_TARGETS, 5);
+    cr_assert_not_null(a);
+    cr_assert_eq(lora_pool_set(g.pool, 0, &a, err), 0, "%s", err);
+    g.e = engine_new(m, g.pool, err);
+    cr_assert_not_null(g.e, "%s", err);
+    return g;
+}
+
+static void rig_free(rig_t *g) {
+    engine_destroy(&g->e);
+    lora_pool_destroy(&g->pool);
+    model_destroy(&g->m);
+}
+
+// The three rigs: the bf16 model, the fp32 model with rounded matrices, the unrounded one.
+enum { BF16, ROUNDED, FP32, N_RIGS };
+
+static void rigs_new(rig_t g[N_RIGS], bool tied) {
+    char err[ERR_LEN];
+    hf_config_t c = tu_config();
+    c.tie_word_embeddings = tied;
+    model_t *m = tu_model(&c, 21);
+    cr_assert_not_null(m);
+    model_t *b = tu_model(&c, 21);
+    cr_assert_eq(model_to_bf16(b, err), 0, "%s", err);
+    model_t *r = tu_bf16_reference(m);
+    cr_assert_not_null(r);
+    g[ROUNDED] = rig_new(r);
+    g[BF16] = rig_new(b);
+    g[FP32] = rig_new(m);
+}
+
+static void rigs_free(rig_t g[N_RIGS]) {
+    for (int i = 0; i < N_RIGS; i++) rig_free(&g[i]);
+}
+
+static const char *rig_name[N_RIGS] = {"bf16", "fp32 rounded", "fp32"};
+
+// max |got - want| over n, against the largest |want|: got within rel * max |want| of want.
+static double rel_diff(const float *got, const float *want, size_t n) {
+    double mx = 0.0, d = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - want[i]);
+        if (!(e <= d)) d = isnan(e) ? INFINITY : e;
+        if (fabs((double)want[i]) > mx) mx = fabs((double)want[i]);
+    }
+    return d / (mx > 0.0 ? mx : 1.0);
+}
+
+// bf16 agrees with the rounded model to 1e-5 and differs from the unrounded one by 1e-4 .. 5e-2.
+static void expect_bf16(const char *what, const float *out[N_RIGS], size_t n) {
+    double near = rel_diff(out[BF16], out[ROUNDED], n), far = rel_diff(out[BF16], out[FP32], n);
+    cr_log_info("%s: bf16 vs %s %.3g, vs %s %.3g (relative to the largest magnitude)", what, rig_name[ROUNDED], near,
+                rig_name[FP32], far);
+    cr_assert(near <= 1e-5, "%s: bf16 model vs fp32 model with bf16-rounded matrices: %.3g > 1e-5", what, near);
+    cr_assert(far > 1e-4 && far < 5e-2, "%s: bf16 model vs unrounded fp32 model: %.3g outside (1e-4, 5e-2)", what,
+              far);
+}
+
+// Prefill (12 and 9 tokens, with and without the adapter: the blocked sgemm path), then three
+// decode steps of the two sequences (2 rows: the few-rows path), every logit of every step.
+static void check_step(bool tied) {
+    rig_t g[N_RIGS];
+    rigs_new(g, tied);
+    char err[ERR_LEN];
+    int V = g[BF16].m->cfg.vocab_size;
+    enum { P0 = 12, P1 = 9, STEPS = 3 };
+    int32_t t0[P0 + STEPS], t1[P1 + STEPS];
+    for (int i = 0; i < P0 + STEPS; i++) t0[i] = (int32_t)((7 * i + 3) % V);
+    for (int i = 0; i < P1 + STEPS; i++) t1[i] = (int32_t)((11 * i + 5) % V);
+    size_t n = (size_t)(P0 + P1 + 2 * STEPS) * V;
+    float *out[N_RIGS];
+    for (int r = 0; r < N_RIGS; r++) {
+        out[r] = calloc(n, sizeof(float));
+        kvcache_t *kc = kvcache_new(g[r].m->cfg.num_hidden_layers, g[r].m->cfg.num_key_value_heads * g[r].m->cfg.head_dim,
+                                    4, 64, 4, err);
+        cr_assert_not_null(kc, "%s", err);
+        int s0 = kvcache_seq_new(kc, err), s1 = kvcache_seq_new(kc, err);
+        engine_seq_t q[2] = {{.tokens = t0, .n_tokens = P0, .kv_seq = s0, .slot = 0, .logits = ENGINE_LOGITS_ALL},
+                             {.tokens = t1, .n_tokens = P1, .kv_seq = s1, .slot = -1, .logits = ENGINE_LOGITS_ALL}};
+        cr_assert_eq(engine_step(g[r].e, kc, q, 2, out[r], err), 0, "%s: %s", rig_name[r], err);
+        for (int s = 0; s < STEPS; s++) {
+            q[0] = (engine_seq_t){.tokens = t0 + P0 + s, .n_tokens = 1, .kv_seq = s0, .slot = 0, .logits = ENGINE_LOGITS_LAST};
+            q[1] = (engine_seq_t){.tokens = t1 + P1 + s, .n_tokens = 1, .kv_seq = s1, .slot = -1, .logits = ENGINE_LOGITS_LAST};
+            cr_assert_eq(engine_step(g[r].e, kc, q, 2, out[r] + (size_t)(P0 + P1 + 2 * s) * V, err), 0, "%s: %s",
+                         rig_name[r], err);
+        }
+        kvcache_destroy(&kc);
+    }
+    expect_bf16("prefill logits", (const float *[]){out[0], out[1], out[2]}, (size_t)(P0 + P1) * V);
+    size_t off = (size_t)(P0 + P1) * V;
+    expect_bf16("decode logits", (const float *[]){out[0] + off, out[1] + off, out[2] + off}, n - off);
+    for (int r = 0; r < N_RIGS; r++) free(out[r]);
+    rigs_free(g);
+}
+
+Test(bf16, step_logits) { check_step(false); }
+Test(bf16, step_logits_tied_head) { check_step(true); }
+
+enum { NS = 3, LEN = 11 };
+
+// Three sequences (two on the adapter, one on the base model), weights from token 3 on.
+static void train_batch(engine_train_seq_t s[NS], int32_t tok[NS][LEN], float w[NS][LEN], int V) {
+    for (int i = 0; i < NS; i++) {
+        for (int t = 0; t < LEN; t++) {
+            tok[i][t] = (int32_t)((5 * t + 13 * i + 1) % V);
+            w[i][t] = t >= 3 ? 1.0f : 0.0f;
+        }
+        s[i] = (engine_train_seq_t){.tokens = tok[i], .len = LEN - i, .slot = i == 2 ? -1 : 0, .weight = w[i]};
+    }
+}
+
+static void check_train(bool tied) {
+    rig_t g[N_RIGS];
+    rigs_new(g, tied);
+    char err[ERR_LEN];
+    int V = g[BF16].m->cfg.vocab_size;
+    int32_t tok[NS][LEN];
+    float w[NS][LEN], lp[N_RIGS][NS][LEN], *grad[N_RIGS];
+    engine_train_seq_t s[NS];
+    train_batch(s, tok, w, V);
+    size_t np = lora_pool_get(g[BF16].pool, 0)->n_params;
+    loss_cfg_t lc = {.kind = LOSS_CE, .temperature = 0.8f};
+    for (int r = 0; r < N_RIGS; r++) {
+        float *lpp[NS] = {lp[r][0], lp[r][1], lp[r][2]};
+        cr_assert_eq(engine_logprobs(g[r].e, s, NS, 0.8f, lpp, NULL, err), 0, "%s: %s", rig_name[r], err);
+        grad[r] = calloc(np, sizeof(float));
+        float *gs[2] = {grad[r], NULL};
+        cr_assert_eq(engine_train(g[r].e, s, NS, &lc, NULL, gs, NULL, 0, err), 0, "%s: %s", rig_name[r], err);
+    }
+    // log-probs of every sequence (the unused tail of shorter ones is the same zero fill)
+    float flat[N_RIGS][NS * LEN];
+    for (int r = 0; r < N_RIGS; r++)
+        for (int i = 0; i < NS; i++)
+            for (int t = 0; t < LEN; t++) flat[r][i * LEN + t] = t < s[i].len ? lp[r][i][t] : 0.0f;
+    expect_bf16("log-probs", (const float *[]){flat[0], flat[1], flat[2]}, NS * LEN);
+    expect_bf16("LoRA gradients", (const float *[]){grad[0], grad[1], grad[2]}, np);
+    for (int r = 0; r < N_RIGS; r++) free(grad[r]);
+    rigs_free(g);
+}
+
+Test(bf16, logprobs_and_lora_gradients) { check_train(false); }
+Test(bf16, logprobs_and_lora_gradients_tied_head) { check_train(true); }
+
+// The fp32 arena keeps the vectors only, the matrices sit in the bf16 arena (with a head copy of
+// embed when tied), the pointers say so, and conversion twice changes nothing.
+static void check_layout(bool tied) {
+    char err[ERR_LEN];
+    hf_config_t c = tu_config();
+    c.tie_word_embeddings = tied;
+    model_t *m = tu_model(&c, 3);
+    size_t sz[MODEL_N_TENSORS], mat = 0, vec = 0;
+    size_t total = model_param_sizes(&c, sz);
+    for (int i = 0; i < MODEL_N_TENSORS; i++) *(tu_kind_is_matrix(i) ? &mat : &vec) += sz[i];
+    size_t head = (size_t)c.vocab_size * c.hidden_size;
+    cr_assert_eq(m->n_f32, total);
+    float *embed = malloc(sizeof(float) * head);
+    memcpy(embed, m->w.embed, sizeof(float) * head);
+    cr_assert_eq(model_to_bf16(m, err), 0, "%s", err);
+    cr_assert(m->bf16);
+    cr_assert_eq(m->n_params, total, "n_params stays the parameter count");
+    cr_assert_eq(m->n_f32, vec, "fp32 arena: %zu floats, want %zu (embed, norms, biases)", m->n_f32, vec);
+    cr_assert_eq(m->n_bf16, mat + (tied ? head : 0));
+    cr_assert_lt(m->n_f32 * 4 + m->n_bf16 * 2, total * 4 * 3 / 4, "a bf16 model must take well under the fp32 bytes");
+    cr_assert_null(m->w.wq);
+    cr_assert_null(m->w.wd);
+    cr_assert_null(m->w.lm_head);
+    cr_assert_not_null(m->w16.wq);
+    cr_assert_not_null(m->w16.lm_head);
+    cr_assert_not_null(m->w.bq);
+    cr_assert(m->w.embed == m->params && m->w.final_norm + c.hidden_size == m->params + m->n_f32,
+              "the vectors fill the new fp32 arena");
+    cr_assert_eq(memcmp(m->w.embed, embed, sizeof(float) * head), 0, "embed stays exact fp32");
+    uint16_t *h = malloc(sizeof(uint16_t) * head);
+    kernels_cpu()->to_bf16(h, embed, head);
+    if (tied) cr_assert_eq(memcmp(m->w16.lm_head, h, sizeof(uint16_t) * head), 0, "tied head: bf16(embed)");
+    uint16_t *p16 = m->params16;
+    cr_assert_eq(model_to_bf16(m, err), 0, "%s", err);
+    cr_assert(m->params16 == p16 && m->n_f32 == vec, "a second conversion changes nothing");
+    free(h);
+    free(embed);
+    model_destroy(&m);
+}
+
+Test(bf16, layout_after_conversion) { check_layout(false); }
+Test(bf16, layout_after_conversion_tied_head) { check_layout(true); }
+
+Test(bf16, full_parameter_training_and_save_refused) {
+    rig_t g[N_RIGS];
+    rigs_new(g, false);
+    char err[ERR_LEN];
+    int32_t tok[NS][LEN];
+    float w[NS][LEN];
+    engine_train_seq_t s[NS];
+    train_batch(s, tok, w, g[BF16].m->cfg.vocab_size);
+    float *mg = calloc(g[BF16].m->n_params, sizeof(float));
+    loss_cfg_t lc = {.kind = LOSS_CE, .temperature = 1.0f};
+    err[0] = '\0';
+    cr_assert_eq(engine_train(g[BF16].e, s, NS, &lc, mg, NULL, NULL, 0, err), -1);
+    cr_assert(strstr(err, "full-parameter training needs fp32 weights") != NULL, "message: %s", err);
+    for (size_t i = 0; i < g[BF16].m->n_params; i++) cr_assert_eq(mg[i], 0.0f, "gradient %zu written", i);
+    // the same batch trains the rounded fp32 model's weights
+    cr_assert_eq(engine_train(g[ROUNDED].e, s, NS, &lc, mg, NULL, NULL, 0, err), 0, "%s", err);
+    char dir[256];
+    tu_tmpdir(dir, sizeof dir, "bf16-save");
+    err[0] = '\0';
+    cr_assert_eq(model_save(g[BF16].m, dir, err), -1);
+    cr_assert(strstr(err, "bf16") != NULL, "message: %s", err);
+    free(mg);
+    rigs_free(g);
+}
+
+// --weights: bf16 converts, fp32 and auto (on the CPU backend) keep fp32, anything else is an
+// error that names the setting.
+Test(bf16, weights_setting_of_the_services) {
+    char err[ERR_LEN];
+    unsetenv("MARLAAS_WEIGHTS");
+    static const struct {
+        const char *value;
+        int bf16;
+    } cases[] = {{"bf16", 1}, {"fp32", 0}, {"auto", 0}, {NULL, 0}, {"fp16", -1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *argv[] = {"marlaas-trainer", "--model", "models/micro", "--weights", (char *)cases[i].value, NULL};
+        svc_t s;
+        cr_assert_eq(svc_init(&s, "trainer", cases[i].value ? 5 : 3, argv, ""), 0);
+        err[0] = '\0';
+        cr_assert_eq(svc_weights_bf16(&s, kernels_cpu(), err), cases[i].bf16, "--weights %s", cases[i].value);
+        model_t *m = svc_load_model(&s, kernels_cpu(), err);
+        if (cases[i].bf16 < 0) {
+            cr_assert_null(m);
+            cr_assert(strstr(err, "--weights") && strstr(err, "fp32, bf16 or auto"), "message: %s", err);
+            continue;
+        }
+        cr_assert_not_null(m, "--weights %s: %s", cases[i].value, err);
+        cr_assert_eq(m->bf16, cases[i].bf16 == 1, "--weights %s", cases[i].value);
+        model_destroy(&m);
+    }
+}
