@@ -330,6 +330,22 @@ static void make_tbatch(tbatch_t *b, int V) {
     }
 }
 
+// Log-probs and entropies of the batch at temperature T on both sides (lp, en: [side][seq][t],
+// zeroed first); *dlp and *den: max |cuda - cpu| of each.
+static void logprobs_both(pair_t *p, tbatch_t *tb, float T, float lp[2][NB][MAXL], float en[2][NB][MAXL], float *dlp,
+                          float *den) {
+    char err[ERR_LEN];
+    memset(lp, 0, sizeof(float) * 2 * NB * MAXL);
+    memset(en, 0, sizeof(float) * 2 * NB * MAXL);
+    for (int b = 0; b < 2; b++) {
+        float *lpp[NB], *enp[NB];
+        for (int i = 0; i < NB; i++) lpp[i] = lp[b][i], enp[i] = en[b][i];
+        cr_assert_eq(engine_logprobs(p->s[b].e, tb->s, NB, T, lpp, enp, err), 0, "%s: %s", p->s[b].k->name, err);
+    }
+    *dlp = tu_max_abs_diff(&lp[GPU][0][0], &lp[CPU][0][0], (size_t)NB * MAXL, NULL);
+    *den = tu_max_abs_diff(&en[GPU][0][0], &en[CPU][0][0], (size_t)NB * MAXL, NULL);
+}
+
 // LoRA gradients of slots 0..n_slots-1, tensor by tensor (slot, target, A/B): per tensor
 // max |cuda - cpu| / max |cpu| < tol, and no tensor all zero. cpu and cuda are host arrays in the
 // layout of each slot's adapter. Returns the worst relative error; *tensors counts the tensors.
@@ -376,15 +392,8 @@ Test(engine_cuda, train_logprobs_and_lora_grads_match_cpu) {
 
     // log-probs and entropies
     static float lp[2][NB][MAXL], en[2][NB][MAXL];
-    memset(lp, 0, sizeof lp);
-    memset(en, 0, sizeof en);
-    for (int b = 0; b < 2; b++) {
-        float *lpp[NB], *enp[NB];
-        for (int i = 0; i < NB; i++) lpp[i] = lp[b][i], enp[i] = en[b][i];
-        cr_assert_eq(engine_logprobs(p.s[b].e, tb.s, NB, T, lpp, enp, err), 0, "%s: %s", p.s[b].k->name, err);
-    }
-    float dlp = tu_max_abs_diff(&lp[GPU][0][0], &lp[CPU][0][0], (size_t)NB * MAXL, NULL);
-    float den = tu_max_abs_diff(&en[GPU][0][0], &en[CPU][0][0], (size_t)NB * MAXL, NULL);
+    float dlp, den;
+    logprobs_both(&p, &tb, T, lp, en, &dlp, &den);
     cr_assert_lt(dlp, 2e-4f, "log-probs: max |cuda - cpu| %g", dlp);
     cr_assert_lt(den, 2e-4f, "entropies: max |cuda - cpu| %g", den);
     // behaviour / reference log-probs around the current ones: some ratios clipped, some not
@@ -711,15 +720,8 @@ Test(engine_cuda, bf16_weights_match_cpu_on_rounded_weights) {
     static tbatch_t tb;
     make_tbatch(&tb, V);
     static float lp[2][NB][MAXL], en[2][NB][MAXL];
-    memset(lp, 0, sizeof lp);
-    memset(en, 0, sizeof en);
-    for (int b = 0; b < 2; b++) {
-        float *lpp[NB], *enp[NB];
-        for (int i = 0; i < NB; i++) lpp[i] = lp[b][i], enp[i] = en[b][i];
-        cr_assert_eq(engine_logprobs(p.s[b].e, tb.s, NB, 0.8f, lpp, enp, err), 0, "%s: %s", p.s[b].k->name, err);
-    }
-    float dlp = tu_max_abs_diff(&lp[GPU][0][0], &lp[CPU][0][0], (size_t)NB * MAXL, NULL);
-    float den = tu_max_abs_diff(&en[GPU][0][0], &en[CPU][0][0], (size_t)NB * MAXL, NULL);
+    float dlp, den;
+    logprobs_both(&p, &tb, 0.8f, lp, en, &dlp, &den);
     cr_assert_lt(dlp, tol_lp, "bf16 log-probs: max |cuda - cpu| %g", dlp);
     cr_assert_lt(den, tol_en, "bf16 entropies: max |cuda - cpu| %g", den);
 

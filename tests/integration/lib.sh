@@ -10,6 +10,8 @@
 #   svc_http NAME                      HOST:PORT of a service's /healthz /readyz /metrics
 #   metric HOSTPORT NAME [JOB]         a value from GET /metrics (empty when absent)
 #   free_low_port                      a free loopback port for an example service
+#   check DESCRIPTION COMMAND...       runs COMMAND; when it fails prints "FAILED: DESCRIPTION" and
+#                                      sets fail=1 (the test exits $fail at its end)
 #   cluster_down                       stops everything (also registered as an EXIT trap)
 BIN=${MARLAAS_BIN:-build/bin}
 M="$BIN/marlaas"
@@ -48,6 +50,12 @@ free_low_port() {
         fi
     done
     return 1
+}
+
+check() {
+    local what=$1
+    shift
+    if "$@"; then :; else echo "FAILED: $what"; fail=1; fi
 }
 
 cluster_up() {

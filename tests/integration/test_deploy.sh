@@ -16,12 +16,8 @@
 #     exists; the entrypoint starts the service its first argument names.
 set -euo pipefail
 BIN=${MARLAAS_BIN:-build/bin}
+source tests/integration/lib.sh
 fail=0
-check() {
-    local what=$1
-    shift
-    if "$@"; then :; else echo "FAILED: $what"; fail=1; fi
-}
 for tool in kubectl docker-compose node npm python3; do
     command -v $tool >/dev/null || { echo "missing $tool: run scripts/install-deps.sh"; exit 1; }
 done

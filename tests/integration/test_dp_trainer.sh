@@ -12,11 +12,6 @@
 set -euo pipefail
 source tests/integration/lib.sh
 fail=0
-check() {   # check DESCRIPTION COMMAND...
-    local what=$1
-    shift
-    if "$@"; then :; else echo "FAILED: $what"; fail=1; fi
-}
 
 cluster_up --model models/micro
 svc_stop trainer TERM

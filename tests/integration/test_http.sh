@@ -10,11 +10,6 @@
 set -euo pipefail
 source tests/integration/lib.sh
 fail=0
-check() {   # check DESCRIPTION COMMAND...
-    local what=$1
-    shift
-    if "$@"; then :; else echo "FAILED: $what"; fail=1; fi
-}
 gt() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN {exit !(a + 0 > b + 0)}'; }
 ge() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN {exit !(a + 0 >= b + 0)}'; }
 code() { curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$@"; }

@@ -124,11 +124,6 @@ done
 mval() { on 1 curl -sf --max-time 3 "http://$1/metrics" | awk -v n="$2" '$1==n{print $2}'; }
 cli() { on 1 env MARLAAS_API=tcp://scheduler:7000 MARLAAS_ADMIN_TOKEN="$ADMIN" "$ABS_BIN/marlaas" "$@"; }
 fail=0
-check() {
-    local what=$1
-    shift
-    if "$@"; then :; else echo "FAILED: $what"; fail=1; fi
-}
 gt() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN {exit !(a + 0 > b + 0)}'; }
 
 # headless-service behaviour: each rollout connected to both verifier addresses
