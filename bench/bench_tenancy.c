@@ -8,18 +8,25 @@
 //   build/bin/marlaas-bench-tenancy rollout --model DIR [--quick]
 //   build/bin/marlaas-bench-tenancy memory  --model DIR | --shape NAME
 //   build/bin/marlaas-bench-tenancy trainer --model DIR [--quick]
+//   build/bin/marlaas-bench-tenancy dp      --model DIR [--ranks 2] [--quick]  (data-parallel trainer)
 //   build/bin/marlaas-bench-tenancy sgemm        (OpenBLAS sgemm GFLOP/s at MARLAAS_THREADS)
 //
 // Output: CSV rows on stdout (a header line first), progress on stderr. bench/run.sh runs each
 // in its own process (resident memory only grows within a process).
+#include <arpa/inet.h>
 #include <cblas.h>
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "bench/bench_util.h"
 #include "common/engine/optim.h"
+#include "common/rl/dp.h"
 #include "common/rl/rl.h"
 #include "common/tasks/tasks.h"
 #include "common/util/util.h"
@@ -287,72 +294,188 @@ static double trainer_rate(rl_runtime_t *rt, tbatch_t *per_job, tbatch_t *all, i
     return steps / t;
 }
 
-static int cmd_trainer(const char *model, int quick) {
-    char err[ERR_LEN];
-    enum { MAXJ = 32, B = 4, G = 8 };
-    rl_runtime_cfg_t cfg = {.n_slots = MAXJ, .max_batch_tokens = 512};
-    rl_runtime_t *rt = rl_runtime_open(model, &cfg, err);
-    if (!rt) die(model, err);
-    fill_pool(rt->pool, &rt->model->cfg, 0, MAXJ);
-    // per job: its batch with shared prompts and without; all jobs' shared batches in one array
-    tbatch_t shared[MAXJ] = {0}, plain[MAXJ] = {0}, all = {0};
+// The trainer benchmarks' workload: MAXJ jobs on their own adapters, each a GRPO step of B prompts
+// x G samples, with shared prompts and without, and all jobs' shared batches in one array.
+enum { MAXJ = 32, B = 4, G = 8 };
+typedef struct {
+    rl_runtime_t *rt;
+    tbatch_t shared[MAXJ], plain[MAXJ], all;
     float *grads[MAXJ];
     optim_t *opt[MAXJ];
+    double tokens[MAXJ], flops[MAXJ];
+} twork_t;
+
+static void twork_open(twork_t *w, const char *model) {
+    char err[ERR_LEN];
+    memset(w, 0, sizeof *w);
+    rl_runtime_cfg_t cfg = {.n_slots = MAXJ, .max_batch_tokens = 512};
+    w->rt = rl_runtime_open(model, &cfg, err);
+    if (!w->rt) die(model, err);
+    rl_runtime_t *rt = w->rt;
+    fill_pool(rt->pool, &rt->model->cfg, 0, MAXJ);
     optim_cfg_t oc = optim_defaults();
     oc.lr = 1e-6f;   // the parameters barely move: every measured step sees the same work
-    double tokens[MAXJ], flops[MAXJ];
     for (int j = 0; j < MAXJ; j++) {
         for (int i = 0; i < B; i++) {
             uint64_t seed = (uint64_t)(j * 1000 + i);
-            batch_add(&shared[j], rt, j, i, G, seed, 1);
-            batch_add(&plain[j], rt, j, i, G, seed, 0);
-            batch_add(&all, rt, j, i, G, seed, 1);
+            batch_add(&w->shared[j], rt, j, i, G, seed, 1);
+            batch_add(&w->plain[j], rt, j, i, G, seed, 0);
+            batch_add(&w->all, rt, j, i, G, seed, 1);
         }
         size_t np = lora_pool_get(rt->pool, j)->n_params;
-        grads[j] = xcalloc(np, sizeof(float));
-        opt[j] = optim_new(&oc, kernels_cpu(), np);
+        w->grads[j] = xcalloc(np, sizeof(float));
+        w->opt[j] = optim_new(&oc, kernels_cpu(), np);
         // behaviour log-probs = the current policy's (ratios near 1, as on-policy)
-        if (engine_logprobs(rt->engine, plain[j].seqs, plain[j].n, 1.0f, plain[j].old, NULL, err) ||
-            engine_logprobs(rt->engine, shared[j].seqs, shared[j].n, 1.0f, shared[j].old, NULL, err))
+        if (engine_logprobs(rt->engine, w->plain[j].seqs, w->plain[j].n, 1.0f, w->plain[j].old, NULL, err) ||
+            engine_logprobs(rt->engine, w->shared[j].seqs, w->shared[j].n, 1.0f, w->shared[j].old, NULL, err))
             die("logprobs", err);
         // workload of one step: the tokens of its samples (prompt + completion each), and the
         // FLOPs of the forward plus the backward's input gradients (the same GEMMs again; LoRA's
         // own gradients not counted) over those tokens without sharing
-        tokens[j] = flops[j] = 0;
-        for (int k = 0; k < plain[j].n; k++) {
-            int len = plain[j].seqs[k].len;
-            tokens[j] += len;
-            flops[j] += 2.0 * engine_forward_flops(rt->model, len, len, len / 2.0);
+        for (int k = 0; k < w->plain[j].n; k++) {
+            int len = w->plain[j].seqs[k].len;
+            w->tokens[j] += len;
+            w->flops[j] += 2.0 * engine_forward_flops(rt->model, len, len, len / 2.0);
         }
     }
-    for (int k = 0, j = -1, q = 0; k < all.n; k++) {
-        if (all.seqs[k].slot != j) j = all.seqs[k].slot, q = 0;
-        memcpy(all.old[k], shared[j].old[q++], sizeof(float) * (size_t)all.seqs[k].len);
+    for (int k = 0, j = -1, q = 0; k < w->all.n; k++) {
+        if (w->all.seqs[k].slot != j) j = w->all.seqs[k].slot, q = 0;
+        memcpy(w->all.old[k], w->shared[j].old[q++], sizeof(float) * (size_t)w->all.seqs[k].len);
     }
+}
+
+static void twork_close(twork_t *w) {
+    for (int j = 0; j < MAXJ; j++)
+        batch_free(&w->shared[j]), batch_free(&w->plain[j]), free(w->grads[j]), optim_destroy(&w->opt[j]);
+    batch_free(&w->all);
+    rl_runtime_close(&w->rt);
+}
+
+// Mean tokens and FLOPs of one step of the first K jobs (the jobs differ: one task each).
+static void twork_means(const twork_t *w, int K, double *tok, double *fl) {
+    *tok = *fl = 0;
+    for (int j = 0; j < K; j++) *tok += w->tokens[j] / K, *fl += w->flops[j] / K;
+}
+
+static int cmd_trainer(const char *model, int quick) {
+    twork_t w;
+    twork_open(&w, model);
     printf("jobs,mode,steps_per_s,tokens_per_s,tokens_per_step,gflops\n");
     int ks[] = {1, 4, 8, 16, 32};
     const char *modes[] = {"unshared", "one-by-one", "mixed"};
     for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
         int K = ks[ki];
         if (quick && (K == 4 || K == 16)) continue;
-        double tok = 0, fl = 0;   // the jobs differ (one task each): means over the K measured
-        for (int j = 0; j < K; j++) tok += tokens[j] / K, fl += flops[j] / K;
+        double tok, fl;
+        twork_means(&w, K, &tok, &fl);
         for (int mode = 0; mode < 3; mode++) {
-            double r = trainer_rate(rt, mode == 0 ? plain : shared, &all, K, mode == 2, grads, opt);
+            double r = trainer_rate(w.rt, mode == 0 ? w.plain : w.shared, &w.all, K, mode == 2, w.grads, w.opt);
             // GFLOP/s of the unshared work: what the pass replaces, so modes compare directly
             printf("%d,%s,%.2f,%.0f,%.0f,%.2f\n", K, modes[mode], r, r * tok, tok, r * fl / 1e9);
             fprintf(stderr, "trainer: %2d jobs %-10s %.1f steps/s\n", K, modes[mode], r);
             fflush(stdout);
         }
     }
-    for (int j = 0; j < MAXJ; j++) batch_free(&shared[j]), batch_free(&plain[j]), free(grads[j]), optim_destroy(&opt[j]);
-    batch_free(&all);
-    rl_runtime_close(&rt);
+    twork_close(&w);
     return 0;
+}
+
+// --- data-parallel trainer -------------------------------------------------------------------------
+// The mixed pass of K jobs (as the trainer service runs it) in ONE process with R threads, then
+// split over R data-parallel ranks of one thread each (common/rl/dp.h: rank 0 broadcasts the pass,
+// each rank trains its share, gradients summed over the group's ZeroMQ sockets, the same AdamW step
+// on every rank): the cost of the group's messages and of splitting the pass, side by side on the
+// same cores. Ranks 1.. are forked before anything computes (OpenMP threads do not survive fork).
+
+static int free_tcp_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len))
+        die("socket", strerror(errno));
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static bool never(void) { return false; }
+
+static int cmd_dp(const char *model, int ranks, int quick) {
+    if (ranks < 2 || ranks > 16) die("--ranks", "must be 2..16");
+    char ep[64], err[ERR_LEN];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", free_tcp_port());
+    pid_t kids[16];
+    for (int r = 1; r < ranks; r++) {
+        kids[r] = fork();
+        if (kids[r] < 0) die("fork", strerror(errno));
+        if (kids[r] == 0) {
+            setenv("MARLAAS_THREADS", "1", 1);
+            util_threads_init();
+            rl_runtime_cfg_t cfg = {.n_slots = MAXJ, .max_batch_tokens = 512};
+            rl_runtime_t *rt = rl_runtime_open(model, &cfg, err);
+            dp_cfg_t c = {.rank = r, .world = ranks, .endpoint = ep, .timeout_s = 600};
+            dp_t *d = rt ? dp_open(&c, rt->engine, err) : NULL;
+            int rc = d && dp_serve(d, never, err) == 0 ? 0 : 1;
+            if (rc) fprintf(stderr, "rank %d: %s\n", r, err);
+            dp_close(&d);
+            rl_runtime_close(&rt);
+            _exit(rc);
+        }
+    }
+    twork_t w;
+    twork_open(&w, model);
+    rl_runtime_t *rt = w.rt;
+    dp_cfg_t c = {.rank = 0, .world = ranks, .endpoint = ep, .timeout_s = 600};
+    dp_t *d = dp_open(&c, rt->engine, err);
+    if (!d) die("dp_open", err);
+    for (int j = 0; j < MAXJ; j++)
+        if (dp_load(d, j, w.opt[j], err)) die("dp_load", err);
+    printf("jobs,ranks,threads_per_rank,steps_per_s,tokens_per_s,gflops\n");
+    loss_cfg_t lc = {.kind = LOSS_RL, .temperature = 1.0f, .clip_low = 0.2f, .clip_high = 0.2f};
+    int slots[MAXJ];
+    for (int j = 0; j < MAXJ; j++) slots[j] = j;
+    int ks[] = {8, 32};
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+        int K = ks[ki], n = 0;
+        while (n < w.all.n && w.all.seqs[n].slot < K) n++;
+        double tok, fl;
+        twork_means(&w, K, &tok, &fl);
+        for (int split = 0; split < 2; split++) {
+            // one process with `ranks` threads, or the group with one thread per rank
+            char th[8];
+            snprintf(th, sizeof th, "%d", split ? 1 : ranks);
+            setenv("MARLAAS_THREADS", th, 1);
+            util_threads_init();
+            double t = 0;
+            long steps = 0;
+            for (int round = 0; t < min_seconds * (quick ? 1 : 2); round++) {
+                double t0 = util_now();
+                if (dp_pass(split ? d : NULL, rt->engine, w.all.seqs, n, &lc, w.grads, slots, K, NULL, 0, err))
+                    die("dp_pass", err);
+                for (int j = 0; j < K; j++) optim_step(w.opt[j], lora_pool_get(rt->pool, j)->params, w.grads[j]);
+                if (round == 0) continue;
+                t += util_now() - t0;
+                steps += K;
+            }
+            double r = steps / t;
+            printf("%d,%d,%s,%.2f,%.0f,%.2f\n", K, split ? ranks : 1, th, r, r * tok, r * fl / 1e9);
+            fprintf(stderr, "dp: %2d jobs, %d rank(s) x %s thread(s): %.1f steps/s\n", K, split ? ranks : 1, th, r);
+            fflush(stdout);
+        }
+    }
+    dp_close(&d);   // the workers stop
+    int bad = 0;
+    for (int r = 1; r < ranks; r++) {
+        int st = 0;
+        waitpid(kids[r], &st, 0);
+        bad |= !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    twork_close(&w);
+    return bad;
 }
 
 int main(int argc, char **argv) {
     const char *usage = "usage: marlaas-bench-tenancy rollout|trainer --model DIR [--quick]\n"
+                        "       marlaas-bench-tenancy dp --model DIR [--ranks 2] [--quick]\n"
                         "       marlaas-bench-tenancy memory --model DIR | --shape 25m|100m\n"
                         "       marlaas-bench-tenancy sgemm\n";
     if (argc < 2) {
@@ -360,14 +483,16 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1], *model = NULL, *shape = NULL;
-    int quick = 0, o;
+    int quick = 0, ranks = 2, o;
     static struct option opts[] = {{"model", required_argument, NULL, 'm'}, {"shape", required_argument, NULL, 's'},
-                                   {"quick", no_argument, NULL, 'q'}, {"help", no_argument, NULL, 'h'}, {0}};
+                                   {"quick", no_argument, NULL, 'q'}, {"ranks", required_argument, NULL, 'r'},
+                                   {"help", no_argument, NULL, 'h'}, {0}};
     optind = 2;
-    while ((o = getopt_long(argc, argv, "m:s:qh", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "m:s:qr:h", opts, NULL)) != -1) {
         if (o == 'm') model = optarg;
         else if (o == 's') shape = optarg;
         else if (o == 'q') quick = 1;
+        else if (o == 'r') ranks = atoi(optarg);
         else {
             fputs(usage, o == 'h' ? stdout : stderr);
             return o == 'h' ? 0 : 2;
@@ -383,6 +508,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "rollout")) return cmd_rollout(model, quick);
     if (!strcmp(cmd, "trainer")) return cmd_trainer(model, quick);
+    if (!strcmp(cmd, "dp")) return cmd_dp(model, ranks, quick);
     fputs(usage, stderr);
     return 2;
 }

@@ -204,6 +204,21 @@ echo
 echo "The trainer service shares each GRPO group's prompt (computed once, attended to by its samples). Effective"
 echo "GFLOP/s: the FLOPs of the forward and the backward's input gradients of every sample's whole sequence (2x the"
 echo "forward's GEMM FLOPs, the work without sharing) per second; compare with sgemm on 1 thread above."
+if [ -s dp.csv ]; then
+    echo
+    echo "## 5. Data-parallel trainer: one process with 2 threads vs 2 ranks with 1 thread each (same cores)"
+    echo
+    echo "| model | jobs | 1 process x 2 threads, steps/s | 2 ranks x 1 thread, steps/s | ranks / process |"
+    echo "|---|---|---|---|---|"
+    awk -F, 'NR > 1 {k = $1 "," $2; if (!(k in seen)) {seen[k] = 1; o[++n] = k}; s[k, $3] = $5}
+        END {for (i = 1; i <= n; i++) {k = o[i]; split(k, f, ",")
+            printf "| %s | %s | %.1f | %.1f | %.2fx |\n", f[1], f[2], s[k, 1], s[k, 2], s[k, 2] / s[k, 1]}}' dp.csv
+    echo
+    echo "The mixed-adapter pass of all jobs (shared prompts), as the trainer service runs it: in one process, or split"
+    echo "over a data-parallel group (common/rl/dp.h: rank 0 broadcasts the pass, each rank trains whole GRPO groups of"
+    echo "it, gradients summed over the group's ZeroMQ sockets, the same AdamW step on every rank). Includes every"
+    echo "message of the group. On GPUs the ranks are one per GPU and the sums go through NCCL."
+fi
 if [ -f engine.txt ]; then
     echo
     echo "## Engine (\`build/bin/marlaas-bench-engine\`)"
@@ -214,6 +229,6 @@ if [ -f engine.txt ]; then
 fi
 echo
 echo "Raw data: meta.txt, e2e.csv (one row per run), e2e/<policy>-n<N>/{jobs,steps,timeline}.csv and the services'"
-echo "logs, rollout.csv, memory.csv, trainer.csv. Reproduce: \`bench/run.sh$([ "$(meta mode)" = quick ] && echo " --quick")\`."
+echo "logs, rollout.csv, memory.csv, trainer.csv, dp.csv. Reproduce: \`bench/run.sh$([ "$(meta mode)" = quick ] && echo " --quick")\`."
 } > "$R"
 echo "report: $D/$R"

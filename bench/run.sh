@@ -108,6 +108,15 @@ for m in micro tiny; do
         >> "$OUT/trainer.csv"
 done
 
+# --- 5. data-parallel trainer ---------------------------------------------------------------------
+: > "$OUT/dp.csv"
+for m in micro tiny; do
+    log "data-parallel trainer (models/$m: 1 process x 2 threads vs 2 ranks x 1 thread)"
+    "$BIN/marlaas-bench-tenancy" dp --model "models/$m" --ranks 2 "${Q[@]}" 2>> "$OUT/dp.log" |
+        awk -v m="$m" -F, 'NR == 1 {if (!h) print "model," $0; next} {print m "," $0}' h="$([ -s "$OUT/dp.csv" ] && echo 1)" \
+        >> "$OUT/dp.csv"
+done
+
 # --- engine (full run only) -------------------------------------------------------------------
 if [ $QUICK = 0 ]; then
     log "engine benchmark"
