@@ -55,8 +55,14 @@ struct gen {
     engine_seq_t *rows;
     rowref_t *refs;
     int cap_rows;
-    draw_t *draws;         // the step's draws (one per logits row), for the backend's sample op
+    draw_t *draws;         // the step's draws: one per logits row, then a completed prompt's other samples
     int cap_draws;
+    float *dparams;        // (4 * cap_draws) the sample op's temperature, top_p, u and log-prob arrays
+    int *dtop_k;           // (cap_draws)
+    int32_t *dtok;         // (cap_draws)
+    const kernels_t *k;    // the engine's backend (xrows is its memory)
+    float *xrows;          // backend memory: copies of completed prompts' rows for their other samples
+    size_t cap_xrows;      // floats
     gen_stats_t st;
 };
 
@@ -70,6 +76,7 @@ gen_t *gen_new(engine_t *e, kvcache_t *kc, const tokenizer_t *tok, int max_batch
     g->kc = kc;
     g->tok = tok;
     g->max_batch = max_batch_tokens;
+    g->k = engine_model(e)->k;
     return g;
 }
 
@@ -115,6 +122,10 @@ void gen_destroy(gen_t **pg) {
     free(g->rows);
     free(g->refs);
     free(g->draws);
+    free(g->dparams);
+    free(g->dtop_k);
+    free(g->dtok);
+    if (g->xrows) g->k->free(g->xrows);
     free(g);
     *pg = NULL;
 }
@@ -240,19 +251,16 @@ static void push_token(gen_t *g, req_t *q, sample_t *s, int32_t t, float lp) {
 // draw), so results do not depend on the backend's batching.
 static void draw_tokens(gen_t *g, const draw_t *d, const float *logits, int n) {
     if (n <= 0) return;
-    const kernels_t *k = engine_model(g->e)->k;
+    const kernels_t *k = g->k;
     int V = engine_model(g->e)->cfg.vocab_size;
-    float *temp = xmalloc(sizeof(float) * (size_t)n * 4), *top_p = temp + n, *u = temp + 2 * n, *lp = temp + 3 * n;
-    int *top_k = xmalloc(sizeof(int) * (size_t)n);
-    int32_t *tok = xmalloc(sizeof(int32_t) * (size_t)n);
+    float *temp = g->dparams, *top_p = temp + n, *u = temp + 2 * n, *lp = temp + 3 * n;
     for (int i = 0; i < n; i++) {
         const sampler_params_t *sp = &d[i].rq->r.sp;
-        temp[i] = sp->temperature, top_k[i] = sp->top_k, top_p[i] = sp->top_p;
+        temp[i] = sp->temperature, g->dtop_k[i] = sp->top_k, top_p[i] = sp->top_p;
         u[i] = sp->temperature > 0.0f ? rng_uniform(&d[i].rq->s[d[i].sample].rng) : 0.0f;
     }
-    k->sample(tok, lp, logits, n, V, temp, top_k, top_p, u);
-    for (int i = 0; i < n; i++) push_token(g, d[i].rq, &d[i].rq->s[d[i].sample], tok[i], lp[i]);
-    free(temp), free(top_k), free(tok);
+    k->sample(g->dtok, lp, logits, n, V, temp, g->dtop_k, top_p, u);
+    for (int i = 0; i < n; i++) push_token(g, d[i].rq, &d[i].rq->s[d[i].sample], g->dtok[i], lp[i]);
 }
 
 static void complete(gen_t *g, int idx) {
@@ -333,9 +341,16 @@ int gen_step(gen_t *g, char *err) {
     if (engine_step(g->e, g->kc, g->rows, n, NULL, err)) return -1;
     const float *logits = engine_step_logits(g->e);
     size_t V = (size_t)engine_model(g->e)->cfg.vocab_size;
-    if (g->cap_draws < n) {
-        g->cap_draws = n;
-        g->draws = xrealloc(g->draws, sizeof(draw_t) * (size_t)n);
+    // draws: at most one per row, plus the other samples of every prompt completed in this step
+    int want = n;
+    for (int i = 0; i < n; i++)
+        if (g->refs[i].sample < 0) want += g->refs[i].rq->r.n_samples - 1;
+    if (g->cap_draws < want) {
+        g->cap_draws = want;
+        g->draws = xrealloc(g->draws, sizeof(draw_t) * (size_t)want);
+        g->dparams = xrealloc(g->dparams, sizeof(float) * 4 * (size_t)want);
+        g->dtop_k = xrealloc(g->dtop_k, sizeof(int) * (size_t)want);
+        g->dtok = xrealloc(g->dtok, sizeof(int32_t) * (size_t)want);
     }
     // 4. sample: one draw per logits row in one call (a completed prompt's row: its sample 0),
     // then a completed prompt's other samples from the same row
@@ -362,10 +377,28 @@ int gen_step(gen_t *g, char *err) {
         g->draws[nd++] = (draw_t){q, 0, true};
     }
     draw_tokens(g, g->draws, logits, nd);
-    for (int r = 0; r < nd; r++) {
-        req_t *q = g->draws[r].rq;
-        if (!g->draws[r].first) continue;
-        for (int j = 1; j < q->r.n_samples; j++) draw_tokens(g, &(draw_t){q, j, false}, logits + (size_t)r * V, 1);
+    // a completed prompt's other samples: its row copied once per sample (on the backend), then
+    // one more call for all of them
+    int nx = 0;
+    for (int r = 0; r < nd; r++)
+        if (g->draws[r].first) nx += g->draws[r].rq->r.n_samples - 1;
+    if (nx > 0) {
+        const kernels_t *k = g->k;
+        if (g->cap_xrows < (size_t)nx * V) {
+            if (g->xrows) k->free(g->xrows);
+            g->cap_xrows = (size_t)nx * V;
+            g->xrows = k->alloc(sizeof(float) * g->cap_xrows);
+        }
+        draw_t *x = g->draws + nd;
+        int m = 0;
+        for (int r = 0; r < nd; r++) {
+            req_t *q = g->draws[r].rq;
+            for (int j = 1; g->draws[r].first && j < q->r.n_samples; j++, m++) {
+                k->copy(g->xrows + (size_t)m * V, logits + (size_t)r * V, sizeof(float) * V);
+                x[m] = (draw_t){q, j, false};
+            }
+        }
+        draw_tokens(g, x, g->xrows, nx);
     }
     for (int i = 0; i < g->n_rq;) {
         if (g->rq[i]->state == RQ_DECODE && g->rq[i]->live == 0) complete(g, i);

@@ -73,6 +73,11 @@ static void on_signal(int sig) {
 
 bool svc_stopping(void) { return stop_flag || zsys_interrupted; }
 
+void svc_http_default(svc_t *s, const char *value) {
+    // s->opt[SVC_HTTP] points at http_def exactly when neither flag nor environment set it
+    snprintf(s->http_def, sizeof s->http_def, "%s", value);
+}
+
 int svc_init(svc_t *s, const char *name, int argc, char **argv, const char *help) {
     memset(s, 0, sizeof *s);
     s->name = name;

@@ -75,6 +75,10 @@ int svc_heartbeat(svc_t *s, store_t *st, int ttl, int n, const char **fields, co
 // loading models, so probes answer while the service starts. -1 + err when the port cannot be
 // served. With --http 0 the registry still exists and nothing listens.
 int svc_serve(svc_t *s, char *err);
+// Changes this process's default HTTP setting (PORT, HOST:PORT or 0) before svc_serve; a value
+// given by --http or MARLAAS_HTTP stays. A data-parallel trainer worker serves none by default, so
+// that it does not take its rank 0's port on the same host.
+void svc_http_default(svc_t *s, const char *value);
 // The compute backend named by --backend (cpu, cuda), or NULL + err: an unknown name, a build
 // without the CUDA backend, no usable GPU, or a backend the engine cannot run on yet.
 const kernels_t *svc_kernels(const svc_t *s, char *err);

@@ -23,9 +23,10 @@ static const char *HELP =
     "        ranks sharing a GPU)";
 
 // Ranks 1..: hold replicas of the adapters, train their shares of rank 0's passes; no Redis and
-// none of the service's sockets (an HTTP endpoint for probes on --http).
+// none of the service's sockets (an HTTP endpoint for probes only when --http names one).
 static int run_worker(svc_t *s, const kernels_t *k, const dp_cfg_t *dc) {
     char err[ERR_LEN];
+    svc_http_default(s, "0");
     if (svc_serve(s, err)) {
         log_error("%s", err);
         return 2;

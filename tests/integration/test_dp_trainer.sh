@@ -82,6 +82,28 @@ echo "rank 1 trained its share of ${passes:-?} passes (${seqs:-?} sequences)"
 check "rank 1 trained shares of the passes" awk -v p="${passes:-0}" -v s="${seqs:-0}" 'BEGIN {exit !(p >= 200 && s >= 200 * 32)}'
 check "the group logged no error" sh -c "! grep -q ERROR '$G_LOG'"
 
+# a worker started by hand on rank 0's host, with no HTTP setting: it serves no HTTP endpoint (so
+# it cannot collide with rank 0's default port 9503, held here) and fails only because no rank 0
+# answers, saying so
+python3 -c 'import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("0.0.0.0", 9503)); s.listen(1)
+except OSError:
+    pass
+time.sleep(20)' &
+HOLD=$!
+sleep 0.3
+w_rc=0
+w_out=$(env -u MARLAAS_HTTP MARLAAS_THREADS=1 "$BIN/marlaas-trainer" --model models/micro --set dp_world=2 --set dp_rank=1 \
+    --set "dp_endpoint=tcp://127.0.0.1:$(free_low_port)" --set dp_timeout=1 2>&1) || w_rc=$?
+kill "$HOLD" 2>/dev/null || true
+check "a lone worker exits 1 (status $w_rc)" [ "$w_rc" = 1 ]
+check "a lone worker names the missing rank 0" grep -q "could not join the group" <<< "$w_out"
+check "a worker takes no HTTP port by default" sh -c "! grep -qi 'http' <<'EOF'
+$w_out
+EOF"
+
 # a worker killed mid-run: rank 0 fails loudly within its deadline (5 s) and exits
 start_group b 5
 j3=$(submit "$T" --task vowels --steps 2000 --prompts 32 --group 8 --eval-every 0 --eval-n 64)
