@@ -12,23 +12,24 @@
 # Stages (BuildKit, the default builder since Docker 23, builds only those the target needs):
 # build-cpu / build-cuda compile with Debian bookworm's -dev packages (CUDA: NVIDIA's Debian 12
 # repository); runtime-cpu / runtime-cuda are debian:bookworm-slim plus only the shared
-# libraries the binaries load. The package lists live in deploy/docker/*.txt, and
-# tests/integration/test_deploy.sh checks the runtime list against the binaries' DT_NEEDED
-# entries, so a new library cannot be forgotten and none ships unused.
+# libraries the binaries load. The package lists are roles of scripts/packages.txt (the one list
+# of the project's Debian packages), and tests/integration/test_deploy.sh checks the "image" role
+# against the binaries' DT_NEEDED entries, so a new library cannot be forgotten and none ships
+# unused.
 ARG BACKEND=cpu
 
 # --- build ------------------------------------------------------------------------------------
 FROM debian:bookworm AS build-cpu
 ENV DEBIAN_FRONTEND=noninteractive
-COPY deploy/docker/build-packages.txt /tmp/
+COPY scripts/packages.txt scripts/packages.sh /tmp/
 RUN apt-get update \
- && apt-get install -y --no-install-recommends $(cat /tmp/build-packages.txt) \
+ && apt-get install -y --no-install-recommends $(sh /tmp/packages.sh build image-build) \
  && rm -rf /var/lib/apt/lists/*
 
 FROM build-cpu AS build-cuda
-COPY deploy/docker/cuda-repo.sh deploy/docker/build-packages-cuda.txt /tmp/
+COPY deploy/docker/cuda-repo.sh /tmp/
 RUN sh /tmp/cuda-repo.sh \
- && apt-get install -y --no-install-recommends $(cat /tmp/build-packages-cuda.txt) \
+ && apt-get install -y --no-install-recommends $(sh /tmp/packages.sh cuda-build) \
  && rm -rf /var/lib/apt/lists/*
 ENV PATH=/usr/local/cuda/bin:$PATH
 
@@ -50,18 +51,18 @@ RUN set -eu; \
 # --- runtime ----------------------------------------------------------------------------------
 FROM debian:bookworm-slim AS runtime-cpu
 ENV DEBIAN_FRONTEND=noninteractive
-COPY deploy/docker/runtime-packages.txt /tmp/
+COPY scripts/packages.txt scripts/packages.sh /tmp/
 RUN apt-get update \
- && apt-get install -y --no-install-recommends $(cat /tmp/runtime-packages.txt) \
- && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages.txt
+ && apt-get install -y --no-install-recommends $(sh /tmp/packages.sh image) \
+ && rm -rf /var/lib/apt/lists/* /tmp/packages.txt /tmp/packages.sh
 
 FROM runtime-cpu AS runtime-cuda
 COPY --from=build-cuda /usr/share/keyrings/cuda-archive-keyring.gpg /usr/share/keyrings/
 COPY --from=build-cuda /etc/apt/sources.list.d/cuda-debian12-x86_64.list /etc/apt/sources.list.d/
-COPY deploy/docker/runtime-packages-cuda.txt /tmp/
+COPY scripts/packages.txt scripts/packages.sh /tmp/
 RUN apt-get update \
- && apt-get install -y --no-install-recommends $(cat /tmp/runtime-packages-cuda.txt) \
- && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages-cuda.txt
+ && apt-get install -y --no-install-recommends $(sh /tmp/packages.sh cuda-image) \
+ && rm -rf /var/lib/apt/lists/* /tmp/packages.txt /tmp/packages.sh
 ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
 FROM runtime-${BACKEND}

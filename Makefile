@@ -42,18 +42,32 @@ BUILD := build
 endif
 
 CC      ?= cc
+
+# --- dependencies first --------------------------------------------------------------------
+# On a machine that lacks packages, scripts/install-deps.sh installs them (scripts/packages.txt)
+# before anything below asks the machine about its compiler and libraries. The stamp records a
+# run; it is redone when the package list or the installer changes. `make clean` and
+# `make print-VAR` install nothing.
+DEPS_STAMP := build/.deps-ok
+PROBING := $(if $(filter 0,$(MAKELEVEL)),$(filter-out clean print-%,$(or $(MAKECMDGOALS),all)))
+ifneq ($(PROBING),)
+ifneq ($(shell [ $(DEPS_STAMP) -nt scripts/packages.txt ] && [ $(DEPS_STAMP) -nt scripts/install-deps.sh ] && echo ok),ok)
+ifneq ($(shell bash scripts/install-deps.sh >&2 && mkdir -p build && touch $(DEPS_STAMP) && echo ok),ok)
+$(error scripts/install-deps.sh failed (its message is above); run it by hand to see why)
+endif
+endif
+endif
+
 # OpenBLAS must be the OpenMP build (Debian: libopenblas-openmp-dev): the engine's own loops use
 # OpenMP, and with the pthread build two thread pools spin against each other on the same cores
 # (measured: 3-10x slower decode on 2 cores). Debian installs the variants side by side, so the
 # OpenMP one is linked by path, with an rpath so the run time loader picks the same one.
-OPENBLAS_OMP_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
-BLAS_CFLAGS := -I/usr/include/$(shell $(CC) -dumpmachine)/openblas-openmp
+MULTIARCH        := $(shell $(CC) -dumpmachine 2>/dev/null)
+OPENBLAS_OMP_DIR ?= /usr/lib/$(MULTIARCH)/openblas-openmp
+BLAS_CFLAGS := -I/usr/include/$(MULTIARCH)/openblas-openmp
 BLAS_LIBS   := -L$(OPENBLAS_OMP_DIR) -Wl,-rpath,$(OPENBLAS_OMP_DIR) -lopenblas
-HAVE_PKG = $(shell pkg-config --exists $(1) && echo 1)
 
 # --- what we found ----------------------------------------------------------------------
-# Missing Debian packages are installed by scripts/install-deps.sh before the first compile
-# (the stamp below), so `make test` and `make demo` work on a fresh Debian machine.
 HAVE_PKG = $(shell pkg-config --exists $(1) 2>/dev/null && echo 1)
 FOUND_OPENBLAS  := $(wildcard $(OPENBLAS_OMP_DIR)/libopenblas.so)
 FOUND_CJSON     := $(call HAVE_PKG,libcjson)
@@ -61,10 +75,9 @@ FOUND_CRITERION := $(call HAVE_PKG,criterion)
 FOUND_NVCC      := $(shell command -v nvcc >/dev/null 2>&1 && echo 1)
 FOUND_REDIS     := $(shell command -v redis-server >/dev/null 2>&1 && echo 1)
 mark = $(if $(1),✓,✗)
-ifeq ($(MAKELEVEL),0)
+ifneq ($(PROBING),)
 $(info MARLaaS build: $(call mark,$(FOUND_OPENBLAS)) OpenBLAS (OpenMP)  $(call mark,$(FOUND_CJSON)) cJSON  $(call mark,$(FOUND_CRITERION)) Criterion  $(call mark,$(FOUND_REDIS)) redis-server  $(call mark,$(FOUND_NVCC)) nvcc  (SAN=$(SAN) CUDA=$(CUDA)))
 endif
-DEPS_STAMP := build/.deps-ok
 
 # --- flags -------------------------------------------------------------------------------
 WARN     := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wvla
@@ -98,11 +111,7 @@ SVC_BINS  := $(SERVICES:%=$(BUILD)/bin/marlaas-%)
 .PHONY: all test unit integration valgrind valgrind-run bench demo clean
 all: $(LIB) $(BENCH_BIN) $(TENANCY_BIN) $(CLI_BIN) $(SVC_BINS)
 
-$(DEPS_STAMP): scripts/install-deps.sh
-	@scripts/install-deps.sh
-	@mkdir -p $(dir $@) && touch $@
-
-$(BUILD)/obj/%.o: %.c | $(DEPS_STAMP)
+$(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -141,7 +150,7 @@ $(UNIT_BIN): $(UNIT_OBJ) $(LIB)
 # Under the sanitizers the runner takes one test at a time: with two parallel workers
 # Criterion's runner (libcriterion 2.4) leaves 48 bytes of its own bookkeeping unfreed, which
 # LeakSanitizer reports at exit (the stack is all inside libcriterion).
-UNIT_JOBS := $(if $(SAN),1,2)
+UNIT_JOBS := $(if $(filter 1,$(SAN)),1,2)
 unit: $(UNIT_BIN)
 	MARLAAS_THREADS=1 $(UNIT_BIN) --jobs $(UNIT_JOBS)
 
@@ -228,7 +237,7 @@ GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/obj/%.o)
 CFLAGS       += -DMARLAAS_CUDA=1 -I$(CUDA_HOME)/include
 LDLIBS       += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcublas -lcudart -lstdc++
 
-$(BUILD)/obj/%.o: %.cu | $(DEPS_STAMP)
+$(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
@@ -266,3 +275,7 @@ endif
 gpu-emu:
 	bash tests/gpu/emu/run.sh
 # --- end of CUDA backend ----------------------------------------------------------------------
+
+# make print-VAR: the value of a variable (tests/integration/test_deps.sh reads LDLIBS)
+print-%:
+	@echo '$($*)'

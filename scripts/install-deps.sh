@@ -1,44 +1,61 @@
 #!/usr/bin/env bash
-# Installs the Debian packages MARLaaS builds and runs with, when any is missing.
-# Runs apt-get directly as root, through sudo otherwise; prints the command when neither works.
+# Installs the Debian packages a development machine needs (scripts/packages.txt, roles build,
+# run, test, bench and deploy-check), when any is missing. Runs apt-get directly as root,
+# through sudo otherwise; prints the command to run when neither works. `make` runs it before
+# it probes the machine, so `make demo` and `make test` work on a fresh Debian 12.
 set -euo pipefail
+here=$(dirname "$0")
 
-PKGS=(build-essential pkg-config
-      libopenblas-dev libopenblas-openmp-dev libcjson-dev libcriterion-dev
-      libzmq3-dev libczmq-dev libmsgpack-dev libhiredis-dev libsodium-dev libmicrohttpd-dev redis-server valgrind iproute2
-      curl gnuplot-nox)   # curl: the tests read /metrics; gnuplot: the benchmark report's plots
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
-# The deployment checks (tests/integration/test_deploy.sh): docker-compose validates the compose
-# files, kubectl renders the kustomize overlays, Node.js runs the schema checker. A kubectl or
-# npm that is already installed (from any source) is used as is.
-PKGS+=(docker-compose)
-command -v kubectl >/dev/null 2>&1 || PKGS+=(kubernetes-client)
-command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
+# Packages marked NAME? in packages.txt are skipped when the command NAME is already installed
+# (from any source), and decided one at a time, in the list's order, after the others: npm is
+# looked for only once Node.js is there (a Node.js that bundles npm conflicts with Debian's npm).
+plain=()
+when_missing=()
+while read -r pkg progs; do
+    if [[ " $progs " == *"? "* ]]; then when_missing+=("$pkg $progs"); else plain+=("$pkg"); fi
+done < <(sh "$here/packages.sh" --lines dev)
 
 missing=()
-for p in "${PKGS[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+for p in "${plain[@]}"; do installed "$p" || missing+=("$p"); done
+needs() {   # needs "PACKAGE PROGRAM? ...": the package is needed now
+    local pkg=$1 w
+    shift
+    installed "$pkg" && return 1
+    for w in "$@"; do
+        [[ $w == *\? ]] && command -v "${w%\?}" >/dev/null 2>&1 && return 1
+    done
+    return 0
+}
+later=()
+for l in "${when_missing[@]}"; do
+    # shellcheck disable=SC2086
+    needs $l && later+=("${l%% *}")
 done
-# npm after Node.js: a Node.js package that bundles npm conflicts with Debian's npm package
-need_npm() { ! command -v npm >/dev/null 2>&1; }
-[ ${#missing[@]} -eq 0 ] && ! need_npm && exit 0
+[ ${#missing[@]} -eq 0 ] && [ ${#later[@]} -eq 0 ] && exit 0
 
-echo "marlaas: installing missing Debian packages: ${missing[*]}$(need_npm && echo ' (then npm)')" >&2
+echo "marlaas: installing missing Debian packages: ${missing[*]} ${later[*]}" >&2
 if [ "$(id -u)" -eq 0 ]; then
     SUDO=()
 elif command -v sudo >/dev/null 2>&1; then
     SUDO=(sudo)
 else
     echo "marlaas: cannot install packages (not root, no sudo). Run as root:" >&2
-    echo "  apt-get update && apt-get install -y ${missing[*]} && (command -v npm || apt-get install -y npm)" >&2
+    echo "  apt-get update && apt-get install -y --no-install-recommends ${missing[*]} ${later[*]}" >&2
     exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
+apt() {
+    if ! "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "$@" >/dev/null; then
+        echo "marlaas: apt-get install $* failed (see above); is Debian's package archive reachable?" >&2
+        exit 1
+    fi
+}
 "${SUDO[@]}" apt-get update -qq
-if [ ${#missing[@]} -gt 0 ]; then
-    "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
-if need_npm; then
-    "${SUDO[@]}" apt-get install -y -qq --no-install-recommends npm >/dev/null
-fi
+[ ${#missing[@]} -gt 0 ] && apt "${missing[@]}"
+for l in "${when_missing[@]}"; do
+    # shellcheck disable=SC2086
+    needs $l && apt "${l%% *}"
+done
 echo "marlaas: packages installed" >&2

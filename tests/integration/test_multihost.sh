@@ -17,10 +17,16 @@ if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
     exit 77
 fi
 TAG="mh$$"
-# what the test needs, tried once: a namespace, a bridge and a veth pair
-if ! { ip netns add "${TAG}t" && ip link add "${TAG}tb" type bridge && ip link add "${TAG}tv" type veth peer name "${TAG}tp"; } 2>/dev/null; then
+# what the test needs, tried once: a namespace that runs a program (`ip netns exec` mounts a
+# private /sys and remounts / as a slave: a chroot or a container without the mount privilege
+# cannot), a bridge and a veth pair
+probe() {
+    ip netns add "${TAG}t" && ip netns exec "${TAG}t" true && ip link add "${TAG}tb" type bridge &&
+        ip link add "${TAG}tv" type veth peer name "${TAG}tp"
+}
+if ! why=$(probe 2>&1); then
     ip netns del "${TAG}t" 2>/dev/null; ip link del "${TAG}tb" 2>/dev/null; ip link del "${TAG}tv" 2>/dev/null
-    echo "SKIP: cannot create network namespaces, bridges and veth pairs here (no CAP_NET_ADMIN in this container?)"
+    echo "SKIP: cannot make test hosts here: network namespaces that run programs, bridges and veth pairs need CAP_NET_ADMIN and CAP_SYS_ADMIN outside a chroot (ip: $(echo "$why" | tail -n 1))"
     exit 77
 fi
 ip netns del "${TAG}t"; ip link del "${TAG}tb"; ip link del "${TAG}tv"
