@@ -3,6 +3,7 @@
 // episodes (the environment answers the model's calls) unless --no-tools.
 #include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
@@ -11,7 +12,8 @@
 static void usage(void) {
     printf("usage: marlaas eval --model DIR [--adapter DIR] (--task NAME | --all | --dataset FILE [--verifier K])\n"
            "                    [--n N] [--max-new T] [--max-turns K] [--no-tools]\n"
-           "  --n N         eval examples per task (default 500)\n"
+           "  --n N         eval examples per task (default 500): distinct held-out prompts, each once\n"
+           "                (greedy decoding is deterministic); fewer when the held-out set is smaller\n"
            "  --max-new T   tokens generated per answer, or per model turn of a tool episode (default 32)\n"
            "  --max-turns K model turns of a tool episode (default %d)\n"
            "  --no-tools    tasks with tools run single-turn, no tool answers: the model writes the observations\n"
@@ -20,7 +22,10 @@ static void usage(void) {
            RL_EVAL_MAX_TURNS);
 }
 
-static int eval_one(rl_runtime_t *rt, int slot, rl_source_t *src, int n, int max_new, int max_turns, bool no_tools) {
+// Evaluates one source and prints its table row; a source with fewer distinct held-out prompts
+// than asked gets a note in notes, printed under the table.
+static int eval_one(rl_runtime_t *rt, int slot, rl_source_t *src, int n, int max_new, int max_turns, bool no_tools,
+                    FILE *notes) {
     char err[ERR_LEN];
     rl_eval_t ev;
     // Without tools the model writes a whole episode in one turn: the same token budget as with.
@@ -30,6 +35,9 @@ static int eval_one(rl_runtime_t *rt, int slot, rl_source_t *src, int n, int max
         return -1;
     }
     printf("| %-14s | %5.1f%% | %5.1f–%5.1f%% | %4d |\n", src->name, 100 * ev.acc, 100 * ev.lo, 100 * ev.hi, ev.n);
+    if (ev.n < ev.asked)
+        fprintf(notes, "%s: %d distinct held-out prompts, each evaluated once (asked for %d); n and the interval count those\n",
+                src->name, ev.n, ev.asked);
     return 0;
 }
 
@@ -85,24 +93,32 @@ int cmd_eval(int argc, char **argv) {
         slot = 0;
     }
     static const char *header = "| task           | accuracy | 95% interval  |    n |\n|---|---|---|---|\n";
+    char *note_text = NULL;
+    size_t note_len = 0;
+    FILE *notes = open_memstream(&note_text, &note_len);
+    ASSERT(notes != NULL);
     if (all) {
         fputs(header, stdout);
         for (int i = 0; i < task_count() && rc == 0; i++) {
             rl_source_t src = {.task = task_at(i)};
             snprintf(src.name, sizeof src.name, "%s", task_at(i)->name);
-            rc = eval_one(rt, slot, &src, (int)n, (int)max_new, (int)max_turns, no_tools);
+            rc = eval_one(rt, slot, &src, (int)n, (int)max_new, (int)max_turns, no_tools, notes);
         }
     } else {
         rl_source_t src;
         if (rl_source_open(&src, task, dataset, verifier, err)) {
             fprintf(stderr, "marlaas eval: %s\n", err);
-            rl_runtime_close(&rt);
-            return 1;
+            rc = 1;
+            goto done;
         }
         fputs(header, stdout);
-        rc = eval_one(rt, slot, &src, (int)n, (int)max_new, (int)max_turns, no_tools);
+        rc = eval_one(rt, slot, &src, (int)n, (int)max_new, (int)max_turns, no_tools, notes);
         rl_source_close(&src);
     }
+done:
+    fclose(notes);
+    if (note_len) printf("\n%s", note_text);
+    free(note_text);
     rl_runtime_close(&rt);
     return rc ? 1 : 0;
 }

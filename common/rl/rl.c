@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/tasks/env.h"
+#include "common/util/strset.h"
 
 // --- runtime ------------------------------------------------------------------------------------
 
@@ -114,6 +115,33 @@ int rl_source_example(const rl_source_t *s, task_split_t split, uint64_t index, 
     return 0;
 }
 
+int rl_source_eval_indices(const rl_source_t *s, int want, uint64_t **idx) {
+    ASSERT(want >= 0 && idx != NULL);
+    *idx = want ? xmalloc(sizeof(uint64_t) * (size_t)want) : NULL;
+    if (s->ds) {   // the dataset's eval list holds each distinct prompt once
+        int n = dataset_split_size(s->ds, TASK_EVAL);
+        if (n > want) n = want;
+        for (int i = 0; i < n; i++) (*idx)[i] = (uint64_t)i;
+        return n;
+    }
+    // A family's eval prompts may be few (add1 holds out 13, wrap 99) and unevenly likely: draw
+    // until `want` distinct ones are found or RL_EVAL_DRAWS draws per example asked (at least
+    // 1024) are made. 32 finds every held-out prompt of the built-in families that have fewer
+    // than asked (128 finds no more).
+    strset_t seen = {0};
+    int n = 0;
+    uint64_t tries = (uint64_t)want * RL_EVAL_DRAWS;
+    if (tries < 1024) tries = 1024;
+    for (uint64_t i = 0; n < want && i < tries; i++) {
+        task_example_t ex = {0};
+        task_example(s->task, TASK_EVAL, i, &ex);
+        if (strset_add(&seen, ex.prompt)) (*idx)[n++] = i;
+        task_example_free(&ex);
+    }
+    strset_free(&seen);
+    return n;
+}
+
 float rl_source_verify(const rl_source_t *s, const task_example_t *ex, int handle, const char *completion) {
     float r = s->ds ? dataset_verify(s->ds, handle, completion) : s->task->verify(ex, completion);
     return isfinite(r) ? (r < 0.0f ? 0.0f : r > 1.0f ? 1.0f : r) : 0.0f;
@@ -177,16 +205,16 @@ static void gen_drain(gen_t *g) {
 // Greedy tool episodes of an environment task, turn by turn: every live episode's next turn is
 // generated from its whole context (prompt + transcript, prefilled again), the turns of all
 // episodes of a round in one batch.
-static int evaluate_episodes(rl_runtime_t *rt, int slot, const rl_source_t *src, int n, int max_new, int max_turns,
-                             rl_eval_t *out, char *err) {
+static int evaluate_episodes(rl_runtime_t *rt, int slot, const rl_source_t *src, const uint64_t *index, int n,
+                             int max_new, int max_turns, rl_eval_t *out, char *err) {
     static const char *const stops[2] = {"\n", ENV_CALL_END};
     const task_t *t = src->task;
     int ctx = rt->model->cfg.max_position_embeddings, rc = -1;
-    task_example_t *ex = xcalloc((size_t)n, sizeof *ex);
-    char **text = xcalloc((size_t)n, sizeof *text);
-    bool *live = xcalloc((size_t)n, sizeof *live);
+    task_example_t *ex = xcalloc((size_t)n + 1, sizeof *ex);
+    char **text = xcalloc((size_t)n + 1, sizeof *text);
+    bool *live = xcalloc((size_t)n + 1, sizeof *live);
     for (int i = 0; i < n; i++) {
-        task_example(t, TASK_EVAL, (uint64_t)i, &ex[i]);
+        task_example(t, TASK_EVAL, index[i], &ex[i]);
         text[i] = xstrdup("");
         live[i] = true;
     }
@@ -251,12 +279,16 @@ done:
     return rc;
 }
 
-int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int n, int max_new, int max_turns,
+int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int asked, int max_new, int max_turns,
                 rl_eval_t *out, char *err) {
     double t0 = util_now();
     memset(out, 0, sizeof *out);
+    out->asked = asked;
+    uint64_t *index = NULL;
+    int n = rl_source_eval_indices(src, asked, &index);
     if (max_turns > 0 && !src->ds && src->task && src->task->env) {
-        int rc = evaluate_episodes(rt, slot, src, n, max_new, max_turns, out, err);
+        int rc = evaluate_episodes(rt, slot, src, index, n, max_new, max_turns, out, err);
+        free(index);
         if (rc == 0) {
             out->acc = out->n ? (double)out->correct / out->n : 0.0;
             rl_wilson(out->correct, out->n, &out->lo, &out->hi);
@@ -264,12 +296,12 @@ int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int n, int m
         }
         return rc;
     }
-    task_example_t *ex = xcalloc((size_t)n, sizeof *ex);
-    int *handle = xcalloc((size_t)n, sizeof(int));
+    task_example_t *ex = xcalloc((size_t)n + 1, sizeof *ex);
+    int *handle = xcalloc((size_t)n + 1, sizeof(int));
     int rc = -1;
     const char *nl = "\n";
     for (int i = 0; i < n; i++) {
-        handle[i] = rl_source_example(src, TASK_EVAL, (uint64_t)i, &ex[i]);
+        handle[i] = rl_source_example(src, TASK_EVAL, index[i], &ex[i]);
         int32_t *ids = NULL;
         int np = tokenizer_encode(rt->tok, ex[i].prompt, strlen(ex[i].prompt), &ids, err);
         if (np < 0) goto done;
@@ -300,6 +332,7 @@ done:
     for (int i = 0; i < n; i++) task_example_free(&ex[i]);
     free(ex);
     free(handle);
+    free(index);
     if (rc == 0) {
         out->acc = out->n ? (double)out->correct / out->n : 0.0;
         rl_wilson(out->correct, out->n, &out->lo, &out->hi);

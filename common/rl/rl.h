@@ -55,6 +55,15 @@ void rl_source_close(rl_source_t *s);
 // Example `index` of a split; returns the handle rl_source_verify needs (dataset record).
 int rl_source_example(const rl_source_t *s, task_split_t split, uint64_t index, task_example_t *ex);
 float rl_source_verify(const rl_source_t *s, const task_example_t *ex, int handle, const char *completion);
+// The eval examples to score when `want` are asked: the indices (into *idx, caller frees) of at
+// most `want` eval examples whose prompts are pairwise distinct; returns how many. Evals decode
+// greedily, so a repeated prompt only repeats its answer and would overstate the precision. A
+// dataset gives its distinct eval prompts in file order; a built-in task draws eval indices 0,
+// 1, 2, ... and keeps each new prompt until `want` are found or RL_EVAL_DRAWS x want draws (at
+// least 1024) have been made: a family with few prompts (add1 holds out 13, wrap 99) gives what
+// it has.
+#define RL_EVAL_DRAWS 32
+int rl_source_eval_indices(const rl_source_t *s, int want, uint64_t **idx);
 
 // --- GRPO -----------------------------------------------------------------------------------
 // Group-relative advantages: reward minus the group mean, divided by the group's standard
@@ -63,8 +72,9 @@ void rl_group_advantages(const float *rewards, int G, bool std_norm, float *adv)
 
 // --- evaluation -----------------------------------------------------------------------------
 typedef struct {
-    int n, correct;
-    double acc, lo, hi;   // accuracy and its 95% Wilson interval
+    int n, correct;       // distinct prompts evaluated (rl_source_eval_indices), correct ones
+    int asked;            // the n the caller asked for (more than n when the held-out set is smaller)
+    double acc, lo, hi;   // accuracy and its 95% Wilson interval over n
     double seconds;
 } rl_eval_t;
 
@@ -73,15 +83,16 @@ typedef struct {
 
 // Wilson score interval (95%) for k successes out of n.
 void rl_wilson(int k, int n, double *lo, double *hi);
-// Greedy accuracy of the model with adapter `slot` (-1 = base) on the first n eval examples of
-// src (a completion counts as correct when its reward is >= 0.5), max_new tokens per model turn.
+// Greedy accuracy of the model with adapter `slot` (-1 = base) on `asked` eval examples of src,
+// each distinct prompt once (rl_source_eval_indices: fewer when the held-out set is smaller; a
+// completion counts as correct when its reward is >= 0.5), max_new tokens per model turn.
 // A task with an environment (env.h) runs episodes of up to max_turns turns: a turn ends at a
 // newline, the end-of-text token, ENV_CALL_END or max_new tokens; after a call the
 // environment's observation is appended and the model continues from prompt + transcript,
 // while the context has room; the whole transcript is verified. max_turns == 0 runs every task
 // single-turn without tools (ENV_CALL_END is no stop: the model writes everything itself).
 // Tasks without an environment always run single-turn.
-int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int n, int max_new, int max_turns,
+int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int asked, int max_new, int max_turns,
                 rl_eval_t *out, char *err);
 
 #endif

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/engine/sampler.h"
+#include "common/util/strset.h"
 
 typedef struct {
     char *prompt;
@@ -256,6 +257,14 @@ static void make_splits(dataset_t *d) {
         for (int i = 0; i < d->n; i++) tr[i] = ev[i] = i;
         nt = ne = d->n;
     }
+    // Eval examples are decoded greedily, so a repeated prompt adds nothing: the eval list keeps
+    // the first record of each distinct prompt.
+    strset_t seen = {0};
+    int kept = 0;
+    for (int i = 0; i < ne; i++)
+        if (strset_add(&seen, d->rec[ev[i]].prompt)) ev[kept++] = ev[i];
+    strset_free(&seen);
+    ne = kept;
     rng_t r;
     rng_seed(&r, TRAIN_SHUFFLE_SEED);
     for (int i = nt - 1; i > 0; i--) {

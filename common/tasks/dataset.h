@@ -27,7 +27,8 @@
 // with fewer than 10 records, or whose hash puts every record on one side, uses all records
 // for both splits. Example `index` of a split is record list[index mod size]: the train list is
 // shuffled once with a fixed seed (so consecutive indices do not walk the file in order), the
-// eval list keeps file order.
+// eval list keeps file order and holds each distinct prompt once (its first record): evals
+// decode greedily, so a repeated prompt would only repeat an answer and inflate n.
 #ifndef MARLAAS_DATASET_H
 #define MARLAAS_DATASET_H
 
@@ -62,7 +63,7 @@ void dataset_destroy(dataset_t **d);
 const char *dataset_name(const dataset_t *d);
 const verify_spec_t *dataset_spec(const dataset_t *d);
 int dataset_size(const dataset_t *d);                              // all records
-int dataset_split_size(const dataset_t *d, task_split_t split);   // records in the split
+int dataset_split_size(const dataset_t *d, task_split_t split);   // records in the split (eval: distinct prompts)
 // Fills ex with copies of example `index` of split (free with task_example_free) and returns
 // its record number, the handle dataset_verify takes.
 int dataset_example(const dataset_t *d, task_split_t split, uint64_t index, task_example_t *ex);

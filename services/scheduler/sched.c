@@ -62,6 +62,8 @@ typedef struct {
     double best_acc, last_acc;
     bool sync_waiting;     // sync policy: a step's worth issued, waiting for the trainer
     dataset_t *ds;         // an uploaded dataset, parsed once from Redis on first use
+    uint64_t *eval_idx;    // the eval examples (distinct prompts: rl_source_eval_indices), found on
+    int eval_idx_n;        // the first eval; eval_idx_n of them
 } sjob_t;
 
 struct sched {
@@ -82,6 +84,12 @@ struct sched {
         m_job_episodes, m_job_acc, m_job_active;
     uint64_t issued, expired, lost;
 };
+
+static void job_free(sjob_t *j) {
+    dataset_destroy(&j->ds);
+    free(j->eval_idx);
+    free(j);
+}
 
 static sjob_t *find(sched_t *s, const char *id) {
     for (int i = 0; i < s->n_jobs; i++)
@@ -144,10 +152,7 @@ void sched_destroy(sched_t **ps) {
     if (!ps || !*ps) return;
     sched_t *s = *ps;
     while (s->n_tasks) task_remove(s, 0);
-    for (int i = 0; i < s->n_jobs; i++) {
-        dataset_destroy(&s->jobs[i]->ds);
-        free(s->jobs[i]);
-    }
+    for (int i = 0; i < s->n_jobs; i++) job_free(s->jobs[i]);
     free(s->jobs);
     free(s->tasks);
     free(s);
@@ -217,7 +222,7 @@ int sched_restore(sched_t *s, char *err) {
             continue;
         }
         if (j->state != JS_QUEUED && j->state != JS_RUNNING) {
-            free(j);
+            job_free(j);
             continue;
         }
         add(s, j);
@@ -256,25 +261,27 @@ int sched_active(const sched_t *s) {
 
 // --- issuing -----------------------------------------------------------------------------------
 
+// The job's task source: its built-in task, or its dataset (read from Redis once per job). A
+// source that cannot be had fails the job; returns 0 or -1.
+static int job_source(sched_t *s, sjob_t *j, rl_source_t *src) {
+    char err[ERR_LEN] = "";
+    *src = (rl_source_t){0};
+    if (!j->spec.dataset) src->task = task_find(j->spec.task);
+    else if (!j->ds) j->ds = jobdata_dataset(s->st, j->id, &j->spec, err);
+    src->ds = j->ds;
+    if (src->task || src->ds) return 0;
+    set_state(s, j, JS_FAILED, err[0] ? err : "task source unavailable");
+    return -1;
+}
+
 // Sends one rollout task; returns 0, or -1 when the rollout queue is full (try later).
 static int issue(sched_t *s, sjob_t *j, proto_kind_t kind, const uint64_t *index, uint32_t n, int round,
                  uint32_t version) {
-    char err[ERR_LEN];
-    rl_source_t src = {0};
+    rl_source_t src;
     proto_item_t *items = xcalloc(n, sizeof *items);
     task_example_t ex = {0};
-    // prompts are rebuilt from (task, split, index); a dataset is read from Redis once per job
-    if (!j->spec.dataset) {
-        src.task = task_find(j->spec.task);
-    } else if (!j->ds) {
-        j->ds = jobdata_dataset(s->st, j->id, &j->spec, err);
-    }
-    src.ds = j->ds;
     int rc = -1;
-    if (!src.task && !src.ds) {
-        set_state(s, j, JS_FAILED, err[0] ? err : "task source unavailable");
-        goto done;
-    }
+    if (job_source(s, j, &src)) goto done;
     for (uint32_t i = 0; i < n; i++) {
         rl_source_example(&src, kind == PROTO_KIND_EVAL ? TASK_EVAL : TASK_TRAIN, index[i], &ex);
         items[i] = (proto_item_t){.index = index[i], .prompt = ex.prompt};
@@ -312,15 +319,28 @@ done:
 }
 
 // Starts an eval round on the current version; its tasks are sent by send_evals as the
-// rollout queue takes them (a full queue delays an eval, it never shrinks it).
+// rollout queue takes them (a full queue delays an eval, it never shrinks it). A round covers
+// spec.eval_n distinct held-out prompts, or all the source has when it has fewer.
 static void start_eval(sched_t *s, sjob_t *j) {
+    if (!j->eval_idx) {
+        rl_source_t src;
+        if (job_source(s, j, &src)) return;
+        j->eval_idx_n = rl_source_eval_indices(&src, j->spec.eval_n, &j->eval_idx);
+        if (j->eval_idx_n < j->spec.eval_n)
+            logj_info(j->id, "the held-out set has %d distinct prompts (eval_n asks %d): each eval covers those, once each",
+                      j->eval_idx_n, j->spec.eval_n);
+        if (j->eval_idx_n == 0) {
+            set_state(s, j, JS_FAILED, "the task has no held-out prompts to evaluate");
+            return;
+        }
+    }
     j->eval_round = ++s->next_round;
     j->eval_step = j->step;
     j->eval_version = j->version;
     j->eval_pending = 0;
     j->eval_correct = j->eval_n = 0;
     j->eval_next = 0;
-    j->eval_total = j->spec.eval_n;
+    j->eval_total = j->eval_idx_n;
     j->last_eval_step = j->step;
 }
 
@@ -329,7 +349,7 @@ static int send_evals(sched_t *s, sjob_t *j) {
     uint64_t idx[32];
     while (j->eval_round && j->eval_next < j->eval_total) {
         uint32_t n = (uint32_t)(j->eval_total - j->eval_next < 32 ? j->eval_total - j->eval_next : 32);
-        for (uint32_t k = 0; k < n; k++) idx[k] = (uint64_t)(j->eval_next + (int)k);
+        for (uint32_t k = 0; k < n; k++) idx[k] = j->eval_idx[j->eval_next + (int)k];
         if (issue(s, j, PROTO_KIND_EVAL, idx, n, j->eval_round, j->eval_version)) return -1;
         j->eval_next += (int)n;
         j->eval_pending++;
@@ -538,8 +558,7 @@ void sched_tick(sched_t *s) {
         }
         drop_tasks(s, j->id);
         export_job(s, j);
-        dataset_destroy(&j->ds);
-        free(j);
+        job_free(j);
         // keep the order of submission: the sync policy admits queued jobs first come, first served
         memmove(&s->jobs[i], &s->jobs[i + 1], sizeof(sjob_t *) * (size_t)(s->n_jobs - i - 1));
         s->n_jobs--;
