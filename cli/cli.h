@@ -30,5 +30,8 @@ tokenizer_t *cli_char_tokenizer(char *err);
 // junk, so every command rejects bad flags the same way.
 int cli_int(const char *opt, const char *v, long lo, long hi, long *out);
 int cli_float(const char *opt, const char *v, double lo, double hi, double *out);
+// The name of a file without its folder and last extension ("data/capitals.jsonl" ->
+// "capitals"), cut to cap - 1 bytes at a UTF-8 character boundary; "dataset" when nothing is left.
+void cli_file_stem(const char *path, char *out, size_t cap);
 
 #endif

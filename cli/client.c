@@ -121,3 +121,4 @@ static const char *setting(const char *flag, const char *env, const char *def) {
 const char *client_endpoint(const char *flag) { return setting(flag, "MARLAAS_API", "tcp://127.0.0.1:7000"); }
 const char *client_token(const char *flag) { return setting(flag, "MARLAAS_TOKEN", NULL); }
 const char *client_admin_token(const char *flag) { return setting(flag, "MARLAAS_ADMIN_TOKEN", NULL); }
+const char *client_model(const char *flag) { return setting(flag, "MARLAAS_MODEL", "models/tiny"); }

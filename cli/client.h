@@ -20,5 +20,8 @@ int client_call(client_t *c, const char *op, proto_args_t *args, proto_rep_t *re
 const char *client_endpoint(const char *flag);
 const char *client_token(const char *flag);
 const char *client_admin_token(const char *flag);
+// The base model folder: the flag, else MARLAAS_MODEL (environment, then run/env, which
+// `marlaas up --model` writes), else models/tiny.
+const char *client_model(const char *flag);
 
 #endif

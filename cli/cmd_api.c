@@ -129,12 +129,18 @@ int cmd_submit(int argc, char **argv) {
             break;
         }
         case 'h':
-            printf("usage: marlaas submit (--spec FILE.json | --task NAME [--steps N] [--group G] [--prompts B] [--lr LR]\n"
-                   "                      [--rank R] [--temperature T] [--staleness ETA] [--weight W] [--eval-every K]\n"
-                   "                      [--eval-n N] [--target-accuracy A] [--max-new T] [--reward-endpoint tcp://...]\n"
-                   "                      [--max-turns N] [--env-endpoint tcp://...])\n"
-                   "                      [--dataset FILE.jsonl [--verifier exact|numeric[:tol]|regex|choice]] [--name NAME]\n"
-                   "Flags override the fields of --spec. The job spec reference is in the README.\n");
+            printf("usage: marlaas submit [--token TOKEN] [--api tcp://HOST:PORT]\n"
+                   "                      (--task NAME | --dataset FILE.jsonl [--verifier exact|numeric[:tol]|regex|choice] [--task NAME]\n"
+                   "                       | --spec FILE.json)\n"
+                   "                      [--name NAME] [--steps N] [--group G] [--prompts B] [--lr LR] [--rank R]\n"
+                   "                      [--temperature T] [--staleness ETA] [--weight W] [--eval-every K] [--eval-n N]\n"
+                   "                      [--target-accuracy A] [--max-new T] [--reward-endpoint tcp://...]\n"
+                   "                      [--max-turns N] [--env-endpoint tcp://...]\n"
+                   "Submits a job and prints its id. Flags override the fields of --spec; the job spec reference\n"
+                   "is in the README. A dataset (one {\"prompt\": ..., \"answer\": ...} object per line) is checked\n"
+                   "here before it is sent; its job's task is named after the file unless --task names it.\n"
+                   "  --token TOKEN  the tenant's token (default: $MARLAAS_TOKEN; `marlaas tenant create` prints it)\n"
+                   "  --api ENDPOINT the scheduler's API (default: $MARLAAS_API, else tcp://127.0.0.1:7000)\n");
             cJSON_Delete(spec);
             return 0;
         default: bad = 1;
@@ -166,16 +172,36 @@ int cmd_submit(int argc, char **argv) {
         spec = base;
     }
     if (dataset && !cJSON_GetObjectItem(spec, "dataset")) cJSON_AddBoolToObject(spec, "dataset", true);
-    if (dataset && !cJSON_GetObjectItem(spec, "task")) cJSON_AddStringToObject(spec, "task", "dataset");
-    char *spec_txt = cJSON_PrintUnformatted(spec);
-    cJSON_Delete(spec);
+    char task_name[64];
+    if (dataset && !cJSON_GetObjectItem(spec, "task")) {
+        cli_file_stem(dataset, task_name, sizeof task_name);
+        cJSON_AddStringToObject(spec, "task", task_name);
+    }
     size_t dlen = 0;
     char *data = dataset ? util_read_file(dataset, &dlen, err) : NULL;
     if (dataset && !data) {
         fprintf(stderr, "marlaas submit: %s\n", err);
-        cJSON_free(spec_txt);
+        cJSON_Delete(spec);
         return 1;
     }
+    // the dataset is checked here, so an error names the user's file and line; the scheduler
+    // checks it again on arrival
+    if (data) {
+        const cJSON *vj = cJSON_GetObjectItem(spec, "verifier");
+        verify_spec_t vs;
+        dataset_t *ds = NULL;
+        if (verify_spec_parse(&vs, cJSON_IsString(vj) ? vj->valuestring : "exact", err) == 0)
+            ds = dataset_parse(dataset, data, dlen, &vs, err);
+        if (!ds) {
+            fprintf(stderr, "marlaas submit: %s\n", err);
+            cJSON_Delete(spec);
+            free(data);
+            return 1;
+        }
+        dataset_destroy(&ds);
+    }
+    char *spec_txt = cJSON_PrintUnformatted(spec);
+    cJSON_Delete(spec);
     client_t *c = connect_api(cn.api, cn.token, false);
     int rc = 1;
     if (c) {
@@ -479,7 +505,7 @@ int cmd_generate(int argc, char **argv) {
         return 2;
     }
     char err[ERR_LEN] = "", tmp[] = "/tmp/marlaas-adapter-XXXXXX";
-    if (!model) model = getenv("MARLAAS_MODEL") ? getenv("MARLAAS_MODEL") : "models/tiny";
+    model = client_model(model);
     rl_runtime_t *rt = rl_runtime_open(model, NULL, err);
     if (!rt) {
         fprintf(stderr, "marlaas generate: %s\n", err);

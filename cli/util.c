@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
 
@@ -38,4 +39,21 @@ int cli_float(const char *opt, const char *v, double lo, double hi, double *out)
     }
     *out = x;
     return 0;
+}
+
+void cli_file_stem(const char *path, char *out, size_t cap) {
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    const char *dot = strrchr(base, '.');
+    size_t n = dot && dot != base ? (size_t)(dot - base) : strlen(base);
+    if (n > cap - 1) {
+        n = cap - 1;
+        while (n > 0 && ((unsigned char)base[n] & 0xC0) == 0x80) n--;   // not inside a character
+    }
+    if (n == 0) {
+        snprintf(out, cap, "dataset");
+        return;
+    }
+    memcpy(out, base, n);
+    out[n] = '\0';
 }

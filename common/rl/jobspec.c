@@ -18,19 +18,19 @@ void jobspec_defaults(jobspec_t *s) {
     s->group = 8;
     s->prompts = 32;
     s->max_new = 24;
-    s->temperature = 1.0f;
-    s->top_p = 1.0f;
-    s->lr = 3e-3f;
+    s->temperature = 1.0;
+    s->top_p = 1.0;
+    s->lr = 3e-3;
     s->rank = 8;
-    s->alpha = 16.0f;
+    s->alpha = 16.0;
     s->targets = LORA_ALL_TARGETS;
-    s->clip_low = 0.2f;
-    s->clip_high = 0.28f;
+    s->clip_low = 0.2;
+    s->clip_high = 0.28;
     s->std_norm = true;
     s->staleness = 1;
     s->eval_every = 25;
     s->eval_n = 200;
-    s->weight = 1.0f;
+    s->weight = 1.0;
     s->seed = 1;
     s->reward_timeout_ms = 2000;
     s->max_turns = 1;
@@ -45,11 +45,11 @@ static int get_int(const cJSON *v, const char *k, long lo, long hi, int *out, ch
     return 0;
 }
 
-static int get_float(const cJSON *v, const char *k, double lo, double hi, bool lo_open, float *out, char *err) {
+static int get_float(const cJSON *v, const char *k, double lo, double hi, bool lo_open, double *out, char *err) {
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble > hi ||
         (lo_open ? v->valuedouble <= lo : v->valuedouble < lo))
         return err_set(err, "spec.%s must be a number in %s%g, %g]", k, lo_open ? "(" : "[", lo, hi);
-    *out = (float)v->valuedouble;
+    *out = v->valuedouble;
     return 0;
 }
 

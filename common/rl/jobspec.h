@@ -1,7 +1,10 @@
 // jobspec.h - a job's specification: what to train, how, and when to stop. Submitted as JSON
 // (marlaas submit --spec FILE or flags), stored in Redis as JSON text (readable with
-// redis-cli, and the same text a user submitted). Every field is optional except the task
-// (or an uploaded dataset); the parser names the field and the rule for anything invalid.
+// redis-cli): jobspec_to_json's canonical form, every field with its value. Numbers are kept as
+// doubles, so the stored text shows them as the user wrote them (0.003, not
+// 0.0030000000260770321). Every field is optional except the task (which `marlaas submit
+// --dataset FILE` names after the file when it is not given); the parser names the field and
+// the rule for anything invalid.
 #ifndef MARLAAS_JOBSPEC_H
 #define MARLAAS_JOBSPEC_H
 
@@ -18,24 +21,24 @@ typedef struct {
     bool dataset;                // the job brings a JSONL dataset (uploaded with the spec)
     char verifier[32];           // dataset verifier: exact | numeric[:tol] | regex | choice
     int max_steps;               // optimiser steps, 1..100000 (default 200)
-    float target_accuracy;       // stop when greedy eval accuracy reaches it (0 = off), 0..1
+    double target_accuracy;       // stop when greedy eval accuracy reaches it (0 = off), 0..1
     int group;                   // samples per prompt G, 2..256 (default 8)
     int prompts;                 // prompts per optimiser step B, 1..1024 (default 32)
     int max_new;                 // tokens per completion, 1..1024 (default 24)
-    float temperature;           // (0, 10] (default 1)
-    float top_p;                 // (0, 1] (default 1)
+    double temperature;           // (0, 10] (default 1)
+    double top_p;                 // (0, 1] (default 1)
     int top_k;                   // >= 0 (default 0 = off)
-    float lr;                    // (0, 1] (default 3e-3)
+    double lr;                    // (0, 1] (default 3e-3)
     int rank;                    // LoRA rank 1..256 (default 8)
-    float alpha;                 // LoRA alpha > 0 (default 16)
+    double alpha;                 // LoRA alpha > 0 (default 16)
     unsigned targets;            // LoRA targets bit mask (default all seven)
-    float kl;                    // k3 KL coefficient >= 0 (default 0)
-    float clip_low, clip_high;   // ratio clip (default 0.2 / 0.28)
+    double kl;                    // k3 KL coefficient >= 0 (default 0)
+    double clip_low, clip_high;   // ratio clip (default 0.2 / 0.28)
     bool std_norm;               // divide advantages by the group std (default true)
     int staleness;               // eta: a group sampled with version g may train version c when c - g <= eta (default 1)
     int eval_every;              // greedy eval every K steps, 0 = only at the end (default 25)
     int eval_n;                  // eval examples (default 200)
-    float weight;                // fair-share weight, (0, 100] (default 1)
+    double weight;                // fair-share weight, (0, 100] (default 1)
     uint64_t seed;               // default 1
     char reward_endpoint[256];   // external reward service (tcp://host:port), empty = built-in verifier
     int reward_timeout_ms;       // per request (default 2000)

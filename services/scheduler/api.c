@@ -200,7 +200,7 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
     if (data) {
         verify_spec_t vs;
         if (verify_spec_parse(&vs, spec.verifier, err)) return -1;
-        dataset_t *ds = dataset_parse(spec.task, data, data_len, &vs, err);
+        dataset_t *ds = dataset_parse("uploaded dataset", data, data_len, &vs, err);
         if (!ds) return -1;
         dataset_destroy(&ds);
     }

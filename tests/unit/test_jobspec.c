@@ -27,6 +27,25 @@ Test(jobspec, defaults_and_round_trip) {
     free(js);
 }
 
+// The stored text shows each number as the user wrote it: the shortest text that reads back as
+// the same value, never a float's widening (0.003 as 0.0030000000260770321).
+Test(jobspec, numbers_are_stored_as_written) {
+    jobspec_t s;
+    char err[ERR_LEN];
+    cr_assert_eq(jobspec_parse(&s,
+                               "{\"task\": \"add2\", \"lr\": 0.003, \"temperature\": 0.7, \"top_p\": 0.95,"
+                               " \"alpha\": 32.5, \"kl\": 0.01, \"clip_low\": 0.1, \"clip_high\": 0.3, \"weight\": 0.3,"
+                               " \"target_accuracy\": 0.9}",
+                               err),
+                 0, "%s", err);
+    char *js = jobspec_to_json(&s);
+    static const char *const want[] = {"\"lr\":0.003,", "\"temperature\":0.7,", "\"top_p\":0.95,",
+                                       "\"alpha\":32.5,", "\"kl\":0.01,", "\"clip_low\":0.1,", "\"clip_high\":0.3,",
+                                       "\"weight\":0.3", "\"target_accuracy\":0.9,"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) cr_assert(strstr(js, want[i]), "%s not in %s", want[i], js);
+    free(js);
+}
+
 Test(jobspec, precise_errors) {
     static const struct {
         const char *json, *want;
