@@ -5,6 +5,7 @@
 #   make test SAN=1   the same under AddressSanitizer + UBSan (objects in build/san/)
 #   make valgrind     unit tests under valgrind memcheck
 #   make bench        benchmark suite (bench/run.sh; QUICK=1 for the short one), report in bench/results/
+#   make install      the CLI, the services and the models under PREFIX (default /usr/local)
 #   make clean
 #
 # Settings: SAN=1, DEBUG=1, ARCH=<-march value> (default native), CUDA=1 (CUDA backend).
@@ -108,7 +109,7 @@ SVC_SRC   := $(wildcard $(SERVICES:%=services/%/*.c))
 SVC_OBJ   := $(SVC_SRC:%.c=$(BUILD)/obj/%.o)
 SVC_BINS  := $(SERVICES:%=$(BUILD)/bin/marlaas-%)
 
-.PHONY: all test unit integration valgrind valgrind-run bench demo clean
+.PHONY: all test unit integration valgrind valgrind-run bench demo clean install
 all: $(LIB) $(BENCH_BIN) $(TENANCY_BIN) $(CLI_BIN) $(SVC_BINS)
 
 $(BUILD)/obj/%.o: %.c
@@ -179,6 +180,16 @@ demo: all
 
 clean:
 	rm -rf build
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: the CLI and the four services in PREFIX/bin, the
+# shipped models in PREFIX/share/marlaas/models (the CLI's default model when the current
+# directory has no models/tiny).
+PREFIX ?= /usr/local
+install: $(CLI_BIN) $(SVC_BINS)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/marlaas
+	install -m 755 $(CLI_BIN) $(SVC_BINS) $(DESTDIR)$(PREFIX)/bin/
+	rm -rf $(DESTDIR)$(PREFIX)/share/marlaas/models
+	cp -r models $(DESTDIR)$(PREFIX)/share/marlaas/models
 
 -include $(LIB_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(SVC_OBJ:.o=.d) $(BUILD)/obj/bench/bench_engine.d \
             $(BUILD)/obj/bench/bench_tenancy.d

@@ -33,5 +33,10 @@ int cli_float(const char *opt, const char *v, double lo, double hi, double *out)
 // The name of a file without its folder and last extension ("data/capitals.jsonl" ->
 // "capitals"), cut to cap - 1 bytes at a UTF-8 character boundary; "dataset" when nothing is left.
 void cli_file_stem(const char *path, char *out, size_t cap);
+// The folder of the running marlaas binary (the services sit beside it).
+void cli_bin_dir(char *out, size_t n);
+// The default base model: models/tiny under the current directory (a clone), else the copy
+// `make install` puts beside the binary (PREFIX/share/marlaas/models/tiny), else models/tiny.
+const char *cli_default_model(void);
 
 #endif

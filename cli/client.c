@@ -1,6 +1,8 @@
 // client.c - scheduler API client and the settings the CLI reads from the local cluster.
 #include "cli/client.h"
 
+#include "cli/cli.h"
+
 #include <czmq.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,4 +123,4 @@ static const char *setting(const char *flag, const char *env, const char *def) {
 const char *client_endpoint(const char *flag) { return setting(flag, "MARLAAS_API", "tcp://127.0.0.1:7000"); }
 const char *client_token(const char *flag) { return setting(flag, "MARLAAS_TOKEN", NULL); }
 const char *client_admin_token(const char *flag) { return setting(flag, "MARLAAS_ADMIN_TOKEN", NULL); }
-const char *client_model(const char *flag) { return setting(flag, "MARLAAS_MODEL", "models/tiny"); }
+const char *client_model(const char *flag) { return setting(flag, "MARLAAS_MODEL", cli_default_model()); }

@@ -2,7 +2,6 @@
 // the four services, with logs, pid files and the connection settings in a run directory.
 #include <errno.h>
 #include <getopt.h>
-#include <libgen.h>
 #include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
@@ -26,18 +25,6 @@ typedef struct {
 } cluster_opts_t;
 
 static const char *services[4] = {"scheduler", "verifier", "trainer", "rollout"};
-
-// Directory of the running marlaas binary: the service binaries sit beside it.
-static void bin_dir(char *out, size_t n) {
-    char exe[4096];
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (k <= 0) {
-        snprintf(out, n, "build/bin");
-        return;
-    }
-    exe[k] = 0;
-    snprintf(out, n, "%s", dirname(exe));
-}
 
 static int free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -122,7 +109,7 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
         fprintf(stderr, "marlaas up: %s\n", err);
         return -1;
     }
-    bin_dir(bdir, sizeof bdir);
+    cli_bin_dir(bdir, sizeof bdir);
     int rport = o->redis_port > 0 ? (int)o->redis_port : free_port();
     char rp[16], rlog[4200];
     snprintf(rp, sizeof rp, "%d", rport);
@@ -232,7 +219,7 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
 }
 
 static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
-    *o = (cluster_opts_t){.run = "run", .model = "models/tiny", .policy = "async", .port_base = 7000, .steps = 100,
+    *o = (cluster_opts_t){.run = "run", .model = cli_default_model(), .policy = "async", .port_base = 7000, .steps = 100,
                            .threads = 1};
     static struct option lo[] = {{"run-dir", required_argument, 0, 'r'}, {"model", required_argument, 0, 'm'},
                                  {"policy", required_argument, 0, 'p'}, {"port-base", required_argument, 0, 'b'},
@@ -346,7 +333,7 @@ int cmd_demo(int argc, char **argv) {
     }
     // watch both tenants' jobs until all finish
     char bdir[4096], exe[4200];
-    bin_dir(bdir, sizeof bdir);
+    cli_bin_dir(bdir, sizeof bdir);
     snprintf(exe, sizeof exe, "%s/marlaas", bdir);
     double t0 = util_now();
     for (bool all_done = false; !all_done && !interrupted;) {

@@ -3,7 +3,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <libgen.h>
+#include <limits.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 
@@ -56,4 +59,28 @@ void cli_file_stem(const char *path, char *out, size_t cap) {
     }
     memcpy(out, base, n);
     out[n] = '\0';
+}
+
+void cli_bin_dir(char *out, size_t n) {
+    char exe[4096];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k <= 0) {
+        snprintf(out, n, "build/bin");
+        return;
+    }
+    exe[k] = 0;
+    snprintf(out, n, "%s", dirname(exe));
+}
+
+const char *cli_default_model(void) {
+    static char installed[4200];
+    if (access("models/tiny/config.json", R_OK) == 0) return "models/tiny";
+    char dir[4096];
+    cli_bin_dir(dir, sizeof dir);
+    char path[4400], real[PATH_MAX];
+    snprintf(path, sizeof path, "%s/../share/marlaas/models/tiny", dir);
+    if (!realpath(path, real)) return "models/tiny";
+    snprintf(installed, sizeof installed, "%s", real);
+    snprintf(path, sizeof path, "%s/config.json", installed);
+    return access(path, R_OK) == 0 ? installed : "models/tiny";
 }
