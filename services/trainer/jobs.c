@@ -274,7 +274,11 @@ static void drop_stale(tjob_t *j) {
 // the removal of the version that falls out of the kept window, the optimizer state (every
 // optim_every steps) and the step's metrics. A crash leaves either all of it or none, so a
 // restarted trainer never finds metrics or moments that disagree with the adapter.
+// A step's metrics: at most STEP_METRICS fields.
+#define STEP_METRICS 20
+
 static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int nm, char *err) {
+    ASSERT(nm >= 0 && nm <= STEP_METRICS);
     lora_t *a = lora_pool_get(engine_pool(t->e), j->slot);
     uint8_t *blob = NULL, *ob = NULL;
     size_t len = 0, ol = 0;
@@ -293,8 +297,8 @@ static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int 
     const char *d_argv[2] = {"DEL", kold};
     const char *o_argv[3] = {"SET", kopt, NULL};
     size_t o_lens[3] = {3, strlen(kopt), 0};
-    const char *x_argv[6 + 2 * 20] = {"XADD", kmet, "MAXLEN", "~", "10000", "*"};
-    for (int i = 0; i < nm && i < 20; i++) x_argv[6 + 2 * i] = mf[i], x_argv[7 + 2 * i] = mv[i];
+    const char *x_argv[6 + 2 * STEP_METRICS] = {"XADD", kmet, "MAXLEN", "~", "10000", "*"};
+    for (int i = 0; i < nm; i++) x_argv[6 + 2 * i] = mf[i], x_argv[7 + 2 * i] = mv[i];
     store_argv_t cmds[5] = {{.argc = 3, .argv = set_argv, .lens = set_lens}, {.argc = 6, .argv = h_argv}};
     int nc = 2;
     if (v >= (uint32_t)t->cfg.keep_versions) {
@@ -307,7 +311,7 @@ static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int 
         o_lens[2] = ol;
         cmds[nc++] = (store_argv_t){.argc = 3, .argv = o_argv, .lens = o_lens};
     }
-    cmds[nc++] = (store_argv_t){.argc = 6 + 2 * (nm < 16 ? nm : 16), .argv = x_argv};
+    cmds[nc++] = (store_argv_t){.argc = 6 + 2 * nm, .argv = x_argv};
     redisReply *r = store_atomic(t->st, nc, cmds, err);
     free(blob);
     free(ob);
@@ -476,7 +480,7 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
             double compute = pass_s * tokens[r] / (pass_tokens > 0 ? pass_tokens : 1);
             // mismatch is measured on on-policy groups only; absent when the step had none
             char v[20][40];
-            const char *mf[20] = {"step", "reward", "kl", "clip_frac", "entropy", "ratio", "staleness", "tokens",
+            const char *mf[STEP_METRICS] = {"step", "reward", "kl", "clip_frac", "entropy", "ratio", "staleness", "tokens",
                                   "train_s", "gen_s", "groups", "dropped", "grad_norm", "time", "turns", "env_tokens",
                                   "mismatch"};
             snprintf(v[0], 40, "%u", j->step + 1);

@@ -32,6 +32,10 @@ for pair in "$A $j1 vowels" "$B $j2 csort" "$A $j3 dedup" "$B $j4 wrap"; do
     awk -v a="${a0:-1}" -v b="${a1:-0}" -v m="$MARGIN" 'BEGIN {exit !(100 * (b - a) >= m)}' ||
         { echo "$2 ($3) did not raise its accuracy by $MARGIN points"; fail=1; }
 done
+# the per-step metrics carry every field, the rollout/trainer log-prob mismatch included (it is
+# measured on steps with on-policy groups, which a 300-step run has)
+mm=$("$M" metrics --token "$A" "$j1" | grep -c '"mismatch"' || true)
+check "$j1's step metrics include mismatch ($mm steps)" test "$mm" -gt 0
 # isolation: alice can neither see nor list bob's job
 if "$M" status --token "$A" "$j2" 2>/dev/null; then echo "alice saw bob's job"; fail=1; fi
 if "$M" jobs --token "$A" | grep -q "$j2"; then echo "bob's job listed for alice"; fail=1; fi
