@@ -145,7 +145,7 @@ $(UNIT_BIN): $(UNIT_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
 
-# Unit tests run from the repository root (they read tests/data and write under build/).
+# Unit tests run from the repository root (they read models/ and write under build/).
 # Criterion runs tests in parallel processes; each test keeps to one thread so two
 # parallel tests do not fight over the two cores.
 # Under the sanitizers the runner takes one test at a time: with two parallel workers

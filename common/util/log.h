@@ -1,6 +1,6 @@
 // log.h - one line per event: time, level, service, optional job id, message.
 //
-//   2026-11-30T08:49:50.123Z INFO  rollout job=j_12 step=4 tokens/s=1234
+//   2026-11-30T08:49:50.123Z INFO  rollout job=j-12 step=4 tokens/s=1234
 //
 // The macros (log_info, logj_info(job, ...), ...) check the level before any formatting.
 #ifndef MARLAAS_LOG_H
