@@ -21,7 +21,7 @@ for tool in shfmt python3 dpkg-query apt-cache; do
     command -v $tool >/dev/null || { echo "missing $tool: run scripts/install-deps.sh"; exit 1; }
 done
 dev=$(sh scripts/packages.sh dev) || { echo "FAILED: $LIST does not parse"; exit 1; }
-declare -A listed declared any_source optional
+declare -A listed declared any_source optional own
 for p in $dev; do listed[$p]=1; done
 while read -r pkg progs; do
     for w in $progs; do
@@ -73,7 +73,10 @@ for f in $(grep -rlE 'exec(v|vp|lp)\(' --include='*.c' cli common services tools
     grep -noE '\[\] *= *\{ *"[a-z][a-z0-9_.+-]*"' "$f" | sed -E 's/^([0-9]+):.*"([^"]+)"$/\2\t'"${f//\//\\/}"':\1/'
 done > build/deps-c-exec.txt
 uses+=$'\n'$(cat build/deps-c-exec.txt)
-mapfile -t paths < <(cut -f1 <<< "$uses" | sort -u | while read -r p; do [ -n "$p" ] && command -v "$p"; done | grep '^/')
+# the project's own programs (build/bin: the CLI, the services, examples, tools), run from PATH
+# by tests that install them
+for f in "${MARLAAS_BIN:-build/bin}"/*; do [ -x "$f" ] && own[$(basename "$f")]=1; done
+mapfile -t paths < <(cut -f1 <<< "$uses" | sort -u | while read -r p; do [ -n "$p" ] && [ -z "${own[$p]:-}" ] && command -v "$p"; done | grep '^/')
 owners "${paths[@]}"
 n_prog=0
 declare -A seen
@@ -83,6 +86,7 @@ while IFS=$'\t' read -r prog where; do
     seen[$prog]=1
     n_prog=$((n_prog + 1))
     [ -n "${optional[$prog]:-}" ] && continue
+    [ -n "${own[$prog]:-}" ] && continue
     path=$(command -v "$prog" 2>/dev/null)
     if [ -z "$path" ] || [[ $path != /* ]]; then
         bad "$prog (run at $where) is not installed: add the Debian package that provides it to $LIST"
