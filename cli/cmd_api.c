@@ -130,7 +130,7 @@ int cmd_submit(int argc, char **argv) {
         }
         case 'h':
             printf("usage: marlaas submit [--token TOKEN] [--api tcp://HOST:PORT]\n"
-                   "                      (--task NAME | --dataset FILE.jsonl [--verifier exact|numeric[:tol]|regex|choice] [--task NAME]\n"
+                   "                      (--task NAME | --dataset FILE.jsonl [--verifier exact|numeric[:tol]|math[:tol]|regex|choice] [--task NAME]\n"
                    "                       | --spec FILE.json)\n"
                    "                      [--name NAME] [--steps N] [--group G] [--prompts B] [--lr LR] [--rank R]\n"
                    "                      [--temperature T] [--staleness ETA] [--weight W] [--eval-every K] [--eval-n N]\n"

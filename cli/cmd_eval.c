@@ -18,7 +18,7 @@ static void usage(void) {
            "  --max-turns K model turns of a tool episode (default %d)\n"
            "  --no-tools    tasks with tools run single-turn, no tool answers: the model writes the observations\n"
            "                itself; its one turn gets the whole episode's budget, K x T tokens\n"
-           "  --verifier K  exact | numeric[:tol] | regex | choice (datasets; default exact)\n",
+           "  --verifier K  exact | numeric[:tol] | math[:tol] | regex | choice (datasets; default exact)\n",
            RL_EVAL_MAX_TURNS);
 }
 

@@ -12,13 +12,14 @@
 #include <string.h>
 
 #include "common/engine/sampler.h"
+#include "common/tasks/math_answer.h"
 #include "common/util/strset.h"
 
 typedef struct {
     char *prompt;
     char **answers;   // >= 1; answers[0] is canonical. VERIFY_REGEX: the pattern text
     int n_answers;
-    double value;     // VERIFY_NUMERIC: answers[0] parsed
+    double value;     // VERIFY_NUMERIC: answers[0] parsed; VERIFY_MATH: its math_answer
     regex_t *re;      // VERIFY_REGEX; heap-allocated because the record array moves
 } record_t;
 
@@ -79,15 +80,19 @@ int verify_spec_parse(verify_spec_t *v, const char *text, char *err) {
         v->kind = VERIFY_CHOICE;
     } else if (strcmp(text, "numeric") == 0) {
         v->kind = VERIFY_NUMERIC;
-    } else if (strncmp(text, "numeric:", 8) == 0) {
+    } else if (strncmp(text, "numeric:", 8) == 0 || strncmp(text, "math:", 5) == 0) {
+        bool math = text[0] == 'm';
+        const char *tol = text + (math ? 5 : 8);
         double t;
-        if (parse_number(text + 8, strlen(text + 8), &t) != 0 || t < 0)
+        if (parse_number(tol, strlen(tol), &t) != 0 || t < 0)
             return err_set(err, "verifier '%s': the tolerance must be a number >= 0", text);
-        v->kind = VERIFY_NUMERIC;
+        v->kind = math ? VERIFY_MATH : VERIFY_NUMERIC;
         v->tolerance = t;
+    } else if (strcmp(text, "math") == 0) {
+        v->kind = VERIFY_MATH;
     } else {
-        return err_set(err, "unknown verifier '%s' (expected exact, numeric, numeric:TOLERANCE, regex or choice)",
-                       text);
+        return err_set(err, "unknown verifier '%s' (expected exact, numeric, numeric:TOLERANCE, math, math:TOLERANCE, "
+                       "regex or choice)", text);
     }
     return 0;
 }
@@ -98,6 +103,7 @@ const char *verify_kind_name(verify_kind_t kind) {
     case VERIFY_NUMERIC: return "numeric";
     case VERIFY_REGEX: return "regex";
     case VERIFY_CHOICE: return "choice";
+    case VERIFY_MATH: return "math";
     }
     return "?";
 }
@@ -120,7 +126,9 @@ static bool is_pad(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 // A copy of an answer string, checked for what would make it unmatchable. Plain answers are
 // trimmed like completions; a regex is kept verbatim (trimming the pattern `a\ ` would leave a
 // dangling backslash).
-static int take_answer(const char *s, bool is_regex, char **out, char *msg, size_t msg_len) {
+// is_regex: kept verbatim (not trimmed); multiline: a newline is allowed (math answers are
+// worked solutions, read whole).
+static int take_answer(const char *s, bool is_regex, bool multiline, char **out, char *msg, size_t msg_len) {
     size_t n = strlen(s), lead = 0, trail = n;
     while (lead < trail && is_pad(s[lead])) lead++;
     while (trail > lead && is_pad(s[trail - 1])) trail--;
@@ -132,7 +140,7 @@ static int take_answer(const char *s, bool is_regex, char **out, char *msg, size
         s += lead;
         n = trail - lead;
     }
-    if (!is_regex && memchr(s, '\n', n)) {
+    if (!is_regex && !multiline && memchr(s, '\n', n)) {
         snprintf(msg, msg_len, "\"answer\" contains a newline (completions are cut at the first one)");
         return -1;
     }
@@ -186,7 +194,7 @@ static int record_from_json(record_t *r, const cJSON *j, const verify_spec_t *v,
                 snprintf(msg, msg_len, "\"answer\" array item %d is not a string", r->n_answers + 1);
                 return -1;
             }
-            if (take_answer(e->valuestring, false, &r->answers[r->n_answers], msg, msg_len) != 0) return -1;
+            if (take_answer(e->valuestring, false, false, &r->answers[r->n_answers], msg, msg_len) != 0) return -1;
             r->n_answers++;
         }
         return 0;
@@ -197,12 +205,17 @@ static int record_from_json(record_t *r, const cJSON *j, const verify_spec_t *v,
         return -1;
     }
     r->answers = xcalloc(1, sizeof *r->answers);
-    if (take_answer(a->valuestring, v->kind == VERIFY_REGEX, &r->answers[0], msg, msg_len) != 0) return -1;
+    if (take_answer(a->valuestring, v->kind == VERIFY_REGEX, v->kind == VERIFY_MATH, &r->answers[0], msg, msg_len) != 0)
+        return -1;
     r->n_answers = 1;
 
     if (v->kind == VERIFY_NUMERIC &&
         parse_number(r->answers[0], strlen(r->answers[0]), &r->value) != 0) {
         snprintf(msg, msg_len, "\"answer\" \"%.40s\" is not a number", r->answers[0]);
+        return -1;
+    }
+    if (v->kind == VERIFY_MATH && math_answer(r->answers[0], strlen(r->answers[0]), &r->value) != 0) {
+        snprintf(msg, msg_len, "\"answer\" \"%.40s\" holds no number (the math verifier needs one)", r->answers[0]);
         return -1;
     }
     if (v->kind == VERIFY_REGEX) {
@@ -401,9 +414,20 @@ static float verify_regex(const regex_t *re, const char *s, size_t n) {
     return whole ? 1.0f : 0.0f;
 }
 
+// |x - y| <= tolerance, inclusive as written: a slack of a few ulps, so 3.15 is within 0.01 of
+// 3.14 even though the doubles differ by 0.010000000000000231.
+static float within(double x, double y, double tolerance) {
+    double slack = 4 * DBL_EPSILON * fmax(fabs(x), fabs(y));
+    return fabs(x - y) <= tolerance + slack ? 1.0f : 0.0f;
+}
+
 float dataset_verify(const dataset_t *d, int record, const char *completion) {
     if (!d || record < 0 || record >= d->n || !completion) return 0.0f;
     const record_t *r = &d->rec[record];
+    if (d->spec.kind == VERIFY_MATH) {   // the whole worked solution, not its first line
+        double x;
+        return math_answer(completion, strlen(completion), &x) == 0 ? within(x, r->value, d->spec.tolerance) : 0.0f;
+    }
     size_t n;
     const char *s = task_answer_span(completion, &n);
     switch (d->spec.kind) {
@@ -415,12 +439,10 @@ float dataset_verify(const dataset_t *d, int record, const char *completion) {
     case VERIFY_NUMERIC: {
         double x;
         if (parse_number(s, n, &x) != 0) return 0.0f;
-        // The slack of a few ulps makes the bound inclusive as written: 3.15 is within 0.01
-        // of 3.14 even though the doubles differ by 0.010000000000000231.
-        double slack = 4 * DBL_EPSILON * fmax(fabs(x), fabs(r->value));
-        return fabs(x - r->value) <= d->spec.tolerance + slack ? 1.0f : 0.0f;
+        return within(x, r->value, d->spec.tolerance);
     }
     case VERIFY_REGEX: return verify_regex(r->re, s, n);
+    case VERIFY_MATH: break;   // above
     }
     return 0.0f;
 }

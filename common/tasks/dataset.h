@@ -6,16 +6,22 @@
 // final newline are fine. Limits: a line is at most DATASET_MAX_LINE bytes (without its line
 // ending), a file holds at most DATASET_MAX_RECORDS records.
 //
-// Verifiers (all cut the completion at its first '\n' and trim spaces, as task_answer_span):
+// Verifiers (all but math cut the completion at its first '\n' and trim spaces, as
+// task_answer_span):
 //   exact        the completion equals the answer;
 //   numeric[:t]  both parse as decimal numbers (-?digits[.digits][e[+-]digits], no hex, inf or
 //                nan) and differ by at most t (absolute, inclusive up to a few ulps of
 //                rounding; default 0);
 //   regex        the answer is a POSIX extended regex that must match the whole completion;
 //                every regex is compiled at load time;
-//   choice       the answer is a string or a non-empty array of strings; any of them counts.
-// Rewards are 1 or 0. Answers must have more than spaces and, except for regexes, contain no
-// '\n' (a cut completion could never match); plain answers are trimmed at load time, regexes
+//   choice       the answer is a string or a non-empty array of strings; any of them counts;
+//   math[:t]     worked solutions: the final answer of the whole completion and of the answer
+//                field (math_answer.h: the last \boxed{...}, else after the last "####", else
+//                the last number; fractions and thousands separators understood) differ by at
+//                most t (default 0, inclusive as above). The answer may span lines (GSM8K's
+//                solutions ending "#### 72" work as they are) and must hold a number.
+// Rewards are 1 or 0. Answers must have more than spaces and, except for regexes and math,
+// contain no '\n' (a cut completion could never match); plain answers are trimmed at load time, regexes
 // are kept verbatim. The canonical answer of an example (what dataset_example returns) is the
 // answer, or the first choice.
 //
@@ -40,16 +46,17 @@
 #define DATASET_MAX_LINE (64 * 1024)
 #define DATASET_MAX_RECORDS 1000000
 
-typedef enum { VERIFY_EXACT = 0, VERIFY_NUMERIC, VERIFY_REGEX, VERIFY_CHOICE } verify_kind_t;
+typedef enum { VERIFY_EXACT = 0, VERIFY_NUMERIC, VERIFY_REGEX, VERIFY_CHOICE, VERIFY_MATH } verify_kind_t;
 
 typedef struct {
     verify_kind_t kind;
-    double tolerance;   // VERIFY_NUMERIC: largest accepted |completion - answer|, >= 0
+    double tolerance;   // VERIFY_NUMERIC, VERIFY_MATH: largest accepted |completion - answer|, >= 0
 } verify_spec_t;
 
-// Parses "exact", "numeric", "numeric:0.01", "regex" or "choice". Returns 0, or -1 with err.
+// Parses "exact", "numeric", "numeric:0.01", "math", "math:0.01", "regex" or "choice". Returns
+// 0, or -1 with err.
 int verify_spec_parse(verify_spec_t *v, const char *text, char *err);
-// "exact", "numeric", "regex", "choice".
+// "exact", "numeric", "regex", "choice", "math".
 const char *verify_kind_name(verify_kind_t kind);
 
 typedef struct dataset dataset_t;
