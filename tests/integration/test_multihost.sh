@@ -25,7 +25,10 @@ probe() {
         ip link add "${TAG}tv" type veth peer name "${TAG}tp"
 }
 if ! why=$(probe 2>&1); then
-    ip netns del "${TAG}t" 2>/dev/null; ip link del "${TAG}tb" 2>/dev/null; ip link del "${TAG}tv" 2>/dev/null
+    # what the probe made before it failed (set -e: each may be absent)
+    ip netns del "${TAG}t" 2>/dev/null || true
+    ip link del "${TAG}tb" 2>/dev/null || true
+    ip link del "${TAG}tv" 2>/dev/null || true
     echo "SKIP: cannot make test hosts here: network namespaces that run programs, bridges and veth pairs need CAP_NET_ADMIN and CAP_SYS_ADMIN outside a chroot (ip: $(echo "$why" | tail -n 1))"
     exit 77
 fi
