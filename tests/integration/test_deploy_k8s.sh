@@ -26,7 +26,9 @@ if [ ! -f $MODS/installed ] || [ $CHECK/package-lock.json -nt $MODS/installed ];
         registry=$(npm config get registry 2>/dev/null || echo "the npm registry")
         if ! why=$(timeout 40 npm ping --fetch-retries=0 --fetch-timeout=30000 --cache "$CACHE" 2>&1); then
             echo "$out" | tail -n 5
-            why=$(echo "$why" | sed -n 's/^npm error \(code .*\|.*reason: \)//p' | tail -n 1)
+            # npm 9 writes "npm ERR! code X", npm 10+ "npm error code X"; nothing at all when
+            # timeout stopped it
+            why=$(echo "$why" | sed -n 's/^npm \(ERR!\|error\) \(code \|.*reason: \)//p' | tail -n 1)
             echo "SKIP: the npm registry ($registry) is unreachable (npm ping: ${why:-no answer within 40 s}); the manifest checker needs its packages (deploy/k8s/check/package-lock.json) once, then runs offline from $MODS"
             exit 77
         fi
