@@ -395,7 +395,7 @@ int jbinop(jctx_t *c, const jnode_t *at, int op, jv_t a, jv_t b, jv_t *out) {
     if (b.t == JV_UNDEF) return undefined_error(c, at, b);
     if (is_num(a) && is_num(b)) {
         bool ints = a.t != JV_FLOAT && b.t != JV_FLOAT;
-        int64_t x = inum(a), y = inum(b), r;
+        int64_t x = ints ? inum(a) : 0, y = ints ? inum(b) : 0, r;
         double fx = fnum(a), fy = fnum(b);
         switch (op) {
         case '+':
