@@ -15,7 +15,7 @@ const require = createRequire(path.resolve(modules, "package.json"));
 const { Template, Environment } = require("@huggingface/jinja");
 const version = JSON.parse(fs.readFileSync(path.resolve(modules, "node_modules/@huggingface/jinja/package.json"))).version;
 
-const CLOCK = { y: 2024, mo: 7, d: 26, h: 10, mi: 30, s: 5, wd: 5, yd: 208 };
+const CLOCK = { y: 2025, mo: 3, d: 14, h: 15, mi: 9, s: 26, wd: 5, yd: 73 };
 const DAYS = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
 const MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
     "November", "December"];

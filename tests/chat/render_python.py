@@ -4,7 +4,7 @@
 The environment is the one of transformers' chat_template_utils._compile_jinja_template:
 ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True) with the loopcontrols
 extension and the `generation` tag, tojson = json.dumps(ensure_ascii=False, ...),
-raise_exception and strftime_now (here on a fixed clock, 2024-07-26 10:30:05, so that the results
+raise_exception and strftime_now (here on a fixed clock, 2025-03-14 15:09:26, so that the results
 are reproducible). The variables are those of apply_chat_template: messages, tools, documents,
 add_generation_prompt, the tokenizer's special_tokens_map (from tokenizer_config.json), then the
 extra keyword arguments; continue_final_message trims the result as apply_chat_template does.
@@ -20,7 +20,7 @@ import jinja2
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-CLOCK = datetime(2024, 7, 26, 10, 30, 5)
+CLOCK = datetime(2025, 3, 14, 15, 9, 26)
 TOKEN_ATTRS = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"]
 
 
