@@ -751,6 +751,7 @@ FILTER(items) {
     *out = jv_list(g);
     if (self.t == JV_UNDEF) return 0;
     if (self.t != JV_DICT || self.u.d->ns) return jerr(c, at, "Can only get item pairs from a mapping.");
+    c->steps += (long)(self.u.d->n >> 4);
     for (size_t i = 0; i < self.u.d->n; i++) {
         jlist_t *t = jlist_new(c, NULL, JL_TUPLE, 2);
         jv_t k = {.t = JV_STR};
@@ -778,6 +779,7 @@ FILTER(join) {
     jbuf_init(&b);
     for (size_t i = 0; i < items->n && !rc; i++) {
         jv_t x;
+        if ((rc = jstep(c, at))) break;
         if ((rc = attr_get(c, at, items->v[i], a[1], (jv_t){.t = JV_MISSING}, false, &x))) break;
         if (i) rc = jbuf_put(c, &b, sept.u.s->p, sept.u.s->len);
         if (!rc) rc = jv_to_str(c, at, x, &b);
@@ -921,6 +923,7 @@ static int minmax(jctx_t *c, const jnode_t *at, jv_t self, jv_t *args, int nargs
     jv_t best = {.t = JV_MISSING}, bestkey = {.t = JV_MISSING};
     for (size_t i = 0; i < items->n && !rc; i++) {
         jv_t k;
+        if ((rc = jstep(c, at))) break;
         if ((rc = attr_get(c, at, items->v[i], a[1], (jv_t){.t = JV_MISSING}, !cs, &k))) break;
         int r = 0;
         if (given(best) && (rc = jv_cmp(c, at, k, bestkey, &r))) {
@@ -1102,6 +1105,7 @@ FILTER(sum) {
     int rc = 0;
     for (size_t i = 0; i < items->n && !rc; i++) {
         jv_t x, nx;
+        if ((rc = jstep(c, at))) break;
         if ((rc = attr_get(c, at, items->v[i], a[0], (jv_t){.t = JV_MISSING}, false, &x))) break;
         if (acc.t == JV_STR || x.t == JV_STR) rc = jerr(c, at, "sum() can't sum strings");
         else rc = jbinop(c, at, '+', acc, x, &nx);
@@ -1193,7 +1197,7 @@ FILTER(unique) {
         bool dup = false;
         for (size_t j = 0; j < seen->n && !dup; j++) {
             if ((rc = jstep(c, at))) break;
-            dup = jv_eq(seen->v[j], k);
+            dup = jv_eq(c, seen->v[j], k);
         }
         if (!rc && !dup) {
             rc = jlist_push(c, seen, k);
@@ -1328,11 +1332,11 @@ int jb_test(jctx_t *c, const jnode_t *at, int id, jv_t self, jv_t *args, int nar
         jv_t m;
         if (jbinop(c, at, '%', self, t == T_DIVISIBLEBY ? o : jv_int(2), &m)) return -1;
         bool zero = !jv_truthy(m);
-        *out = t == T_ODD ? jv_eq(m, jv_int(1)) : zero;
+        *out = t == T_ODD ? jv_eq(c, m, jv_int(1)) : zero;
         return 0;
     }
-    case T_EQ: *out = jv_eq(self, o); return 0;
-    case T_NE: *out = !jv_eq(self, o); return 0;
+    case T_EQ: *out = jv_eq(c, self, o); return 0;
+    case T_NE: *out = !jv_eq(c, self, o); return 0;
     case T_LT:
     case T_LE:
     case T_GT:
@@ -1354,7 +1358,7 @@ int jb_test(jctx_t *c, const jnode_t *at, int id, jv_t self, jv_t *args, int nar
         }
         if (jv_iterate(c, at, o, &items)) return -1;
         *out = false;
-        for (size_t i = 0; i < items->n && !*out; i++) *out = jv_eq(items->v[i], self);
+        for (size_t i = 0; i < items->n && !*out; i++) *out = jv_eq(c, items->v[i], self);
         jobj_release(c, &items->h);
         return 0;
     }
@@ -1661,6 +1665,7 @@ static int call_str_method(jctx_t *c, const jnode_t *at, jfunc_t *f, jv_t *args,
 
 static int make_view(jctx_t *c, jdict_t *d, int kind, jv_t *out) {
     jlist_t *l = jlist_new(c, NULL, (uint8_t)kind, d->n);
+    c->steps += (long)(d->n >> 4);
     for (size_t i = 0; i < d->n; i++) {
         jv_t k = {.t = JV_STR};
         k.u.s = d->k[i];
@@ -1699,8 +1704,9 @@ int jb_call_method(jctx_t *c, const jnode_t *at, jfunc_t *f, jv_t *args, int nar
         if (!given(a[0])) return jerr(c, at, "%s() takes exactly one argument", f->name);
         jlist_t *l = f->self.u.l;
         int64_t n = 0, first = -1;
+        c->steps += (long)l->n;
         for (size_t i = 0; i < l->n; i++)
-            if (jv_eq(l->v[i], a[0])) {
+            if (jv_eq(c, l->v[i], a[0])) {
                 if (first < 0) first = (int64_t)i;
                 n++;
             }

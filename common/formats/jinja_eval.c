@@ -244,7 +244,8 @@ int jgetitem(jctx_t *c, const jnode_t *at, jv_t obj, jv_t key, jv_t *out) {
         if (as_index(key, &i)) {
             if (i < 0) i += (int64_t)s->nch;
             if (i >= 0 && (size_t)i < s->nch) {
-                size_t a = ju_offset(s->p, s->len, (size_t)i), b = a;
+                size_t a = s->nch == s->len ? (size_t)i : ju_offset(s->p, s->len, (size_t)i), b = a;
+                c->steps += (long)(s->nch == s->len ? 0 : a >> 4);
                 ju_decode(s->p, s->len, &b);
                 *out = jv_str(c, s->p + a, b - a);
                 out->fl = obj.fl;
@@ -302,17 +303,30 @@ static int do_slice(jctx_t *c, const jnode_t *at, jv_t obj, jv_t *se, jv_t *out)
         jstr_t *s = obj.u.s;
         jbuf_t b;
         jbuf_init(&b);
-        // code point offsets, then the chosen ones
-        size_t *offs = xmalloc((s->nch + 1) * sizeof *offs);
-        size_t p = 0;
-        for (size_t k = 0; k <= s->nch; k++) {
-            offs[k] = p;
-            if (p < s->len) ju_decode(s->p, s->len, &p);
-        }
         int rc = 0;
-        for (int64_t k = start; !rc && (step > 0 ? k < stop : k > stop); k += step)
-            rc = jbuf_put(c, &b, s->p + offs[k], offs[k + 1] - offs[k]);
-        free(offs);
+        c->steps += (long)(s->len >> 2);
+        if (s->nch == s->len) { // ASCII: characters are bytes
+            for (int64_t k = start; !rc && (step > 0 ? k < stop : k > stop); k += step)
+                rc = jbuf_put(c, &b, s->p + k, 1);
+        } else {
+            // code point offsets (charged as memory while they live), then the chosen ones
+            size_t bytes = (s->nch + 1) * sizeof(size_t);
+            c->mem += bytes;
+            if (c->mem > c->lim.max_memory) {
+                c->mem -= bytes;
+                return jfatal(c, at, "the template needs more than %zu bytes of memory (limit)", c->lim.max_memory);
+            }
+            size_t *offs = xmalloc(bytes);
+            size_t p = 0;
+            for (size_t k = 0; k <= s->nch; k++) {
+                offs[k] = p;
+                if (p < s->len) ju_decode(s->p, s->len, &p);
+            }
+            for (int64_t k = start; !rc && (step > 0 ? k < stop : k > stop); k += step)
+                rc = jbuf_put(c, &b, s->p + offs[k], offs[k + 1] - offs[k]);
+            free(offs);
+            c->mem -= bytes;
+        }
         if (rc) {
             jbuf_free(c, &b);
             return -1;
@@ -323,6 +337,7 @@ static int do_slice(jctx_t *c, const jnode_t *at, jv_t obj, jv_t *se, jv_t *out)
     }
     jlist_t *l = obj.u.l;
     jlist_t *r = jlist_new(c, NULL, l->kind, 0);
+    c->steps += (long)(l->n >> 4);
     for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step)
         if (jlist_push(c, r, jv_ref(l->v[k]))) break;
     *out = jv_list(r);
@@ -518,7 +533,7 @@ static int contains(jctx_t *c, const jnode_t *at, jv_t item, jv_t cont, bool *ou
                 l->pos = i + 1;
                 return jraise(c, l->v[i]);
             }
-            if (jv_eq(l->v[i], item)) {
+            if (jv_eq(c, l->v[i], item)) {
                 if (l->kind == JL_GEN) l->pos = i + 1;
                 *out = true;
                 return 0;
@@ -541,8 +556,8 @@ static int contains(jctx_t *c, const jnode_t *at, jv_t item, jv_t cont, bool *ou
 static int compare(jctx_t *c, const jnode_t *at, char op, jv_t a, jv_t b, bool *out) {
     int r;
     switch (op) {
-    case 'e': *out = jv_eq(a, b); return 0;
-    case 'n': *out = !jv_eq(a, b); return 0;
+    case 'e': *out = jv_eq(c, a, b); return 0;
+    case 'n': *out = !jv_eq(c, a, b); return 0;
     case 'i': return contains(c, at, a, b, out);
     case 'x':
         if (contains(c, at, a, b, out)) return -1;
@@ -1077,6 +1092,7 @@ static void sweep(jctx_t *c) {
         else if (o->type == JV_DICT) {
             free(((jdict_t *)o)->k);
             free(((jdict_t *)o)->v);
+            free(((jdict_t *)o)->ix);
         }
         free(o);
         o = nx;

@@ -89,6 +89,8 @@ typedef struct jdict {
     size_t n, cap;
     jstr_t **k;               // insertion order, as Python's dict
     jv_t *v;
+    uint32_t *ix;             // from 32 entries on: a hash index (slot: entry + 1, 0 empty)
+    size_t ixcap;             // its slots, a power of two, 2 x cap
 } jdict_t;
 
 typedef enum { JF_GLOBAL, JF_METHOD, JF_MACRO, JF_CYCLE } jfunc_kind_t;
@@ -285,7 +287,7 @@ const char *jv_type_name(jv_t v);
 bool jv_truthy(jv_t v);
 bool jv_is_str(jv_t v);
 size_t jv_len_or(jv_t v, bool *ok);
-int jv_eq(jv_t a, jv_t b);                                 // Python ==
+int jv_eq(jctx_t *c, jv_t a, jv_t b);  // Python ==; charges its work to c->steps (c may be NULL)
 int jv_cmp(jctx_t *c, const jnode_t *at, jv_t a, jv_t b, int *out); // <0 =0 >0, -1 on TypeError
 void jbuf_init(jbuf_t *b);
 int jbuf_put(jctx_t *c, jbuf_t *b, const char *s, size_t n);

@@ -66,9 +66,10 @@ void jobj_release(jctx_t *c, jobj_t *o) {
             jobj_release(c, &d->k[i]->h);
             jv_unref(c, d->v[i]);
         }
-        c->mem -= d->cap * (sizeof(jv_t) + sizeof(jstr_t *));
+        c->mem -= d->cap * (sizeof(jv_t) + sizeof(jstr_t *)) + d->ixcap * sizeof *d->ix;
         free(d->k);
         free(d->v);
+        free(d->ix);
         break;
     }
     case JV_FUNC: {
@@ -163,13 +164,34 @@ jdict_t *jdict_new(jctx_t *c, jarena_t *arena, bool ns) {
     return d;
 }
 
+static uint64_t key_hash(const char *k, size_t len) {
+    uint64_t h = 1469598103934665603ull; // FNV-1a
+    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)k[i]) * 1099511628211ull;
+    return h;
+}
+
+static void index_put(jdict_t *d, size_t i) {
+    size_t m = d->ixcap - 1, s = (size_t)key_hash(d->k[i]->p, d->k[i]->len) & m;
+    while (d->ix[s]) s = (s + 1) & m;
+    d->ix[s] = (uint32_t)(i + 1);
+}
+
 jv_t *jdict_find(const jdict_t *d, const char *k, size_t len) {
+    if (d->ix) {
+        size_t m = d->ixcap - 1;
+        for (size_t s = (size_t)key_hash(k, len) & m; d->ix[s]; s = (s + 1) & m) {
+            const jstr_t *x = d->k[d->ix[s] - 1];
+            if (x->len == len && !memcmp(x->p, k, len)) return &d->v[d->ix[s] - 1];
+        }
+        return NULL;
+    }
     for (size_t i = 0; i < d->n; i++)
         if (d->k[i]->len == len && !memcmp(d->k[i]->p, k, len)) return &d->v[i];
     return NULL;
 }
 
-// Arena-backed dicts (immortal) grow by copying into the arena.
+// Arena-backed dicts (immortal) grow by copying into the arena. From 32 entries on the dict has a
+// hash index, rebuilt at each growth, so that lookups stay O(1) in large inputs.
 static void dict_grow(jctx_t *c, jarena_t *arena, jdict_t *d) {
     size_t nc = d->cap ? 2 * d->cap : 4;
     if (c) {
@@ -187,6 +209,20 @@ static void dict_grow(jctx_t *c, jarena_t *arena, jdict_t *d) {
         d->v = v;
     }
     d->cap = nc;
+    if (nc >= 32) {
+        size_t ixcap = 2 * nc;
+        if (c) {
+            if (d->ix) c->mem -= d->ixcap * sizeof *d->ix;
+            free(d->ix);
+            d->ix = xcalloc(ixcap, sizeof *d->ix);
+            charge(c, ixcap * sizeof *d->ix);
+            c->steps += (long)(d->n >> 4);
+        } else {
+            d->ix = jarena_alloc(arena, ixcap * sizeof *d->ix);
+        }
+        d->ixcap = ixcap;
+        for (size_t i = 0; i < d->n; i++) index_put(d, i);
+    }
 }
 
 static int dict_set_in(jctx_t *c, jarena_t *arena, jdict_t *d, jstr_t *k, jv_t v) {
@@ -200,6 +236,7 @@ static int dict_set_in(jctx_t *c, jarena_t *arena, jdict_t *d, jstr_t *k, jv_t v
         if (c && !k->h.immortal) k->h.rc++;
         d->k[d->n] = k;
         d->v[d->n++] = v;
+        if (d->ix) index_put(d, d->n - 1);
     }
     uint16_t dp = depth_of(v);
     if (dp + 1 > d->h.depth) d->h.depth = (uint16_t)(dp + 1 > JV_MAX_DEPTH ? JV_MAX_DEPTH + 1 : dp + 1);
@@ -412,28 +449,33 @@ static int num_cmp(jv_t a, jv_t b) {
     return x < y ? -1 : x > y;
 }
 
-int jv_eq(jv_t a, jv_t b) {
+int jv_eq(jctx_t *c, jv_t a, jv_t b) {
     if (is_num(a) && is_num(b)) return num_cmp(a, b) == 0;
     if (a.t != b.t) return 0;
+    if (c) c->steps++; // comparing is work: a loop of large comparisons ends at max_steps
     switch (a.t) {
     case JV_UNDEF:
     case JV_NONE: return 1;
-    case JV_STR: return a.u.s->len == b.u.s->len && !memcmp(a.u.s->p, b.u.s->p, a.u.s->len);
+    case JV_STR:
+        if (c) c->steps += (long)(a.u.s->len >> 8);
+        return a.u.s->len == b.u.s->len && !memcmp(a.u.s->p, b.u.s->p, a.u.s->len);
     case JV_LIST: {
         jlist_t *x = a.u.l, *y = b.u.l;
         if (x == y) return 1;
         if (x->kind != y->kind || x->kind == JL_GEN || x->n != y->n) return 0;
+        if (c) c->steps += (long)x->n;
         for (size_t i = 0; i < x->n; i++)
-            if (!jv_eq(x->v[i], y->v[i])) return 0;
+            if (!jv_eq(c, x->v[i], y->v[i])) return 0;
         return 1;
     }
     case JV_DICT: {
         jdict_t *x = a.u.d, *y = b.u.d;
         if (x == y) return 1;
         if (x->ns || y->ns || x->n != y->n) return 0;
+        if (c) c->steps += (long)x->n;
         for (size_t i = 0; i < x->n; i++) {
             jv_t *o = jdict_find(y, x->k[i]->p, x->k[i]->len);
-            if (!o || !jv_eq(x->v[i], *o)) return 0;
+            if (!o || !jv_eq(c, x->v[i], *o)) return 0;
         }
         return 1;
     }
@@ -461,7 +503,7 @@ int jv_cmp(jctx_t *c, const jnode_t *at, jv_t a, jv_t b, int *out) {
         (a.u.l->kind == JL_LIST || a.u.l->kind == JL_TUPLE)) {
         jlist_t *x = a.u.l, *y = b.u.l;
         for (size_t i = 0; i < x->n && i < y->n; i++) {
-            if (jv_eq(x->v[i], y->v[i])) continue;
+            if (jv_eq(c, x->v[i], y->v[i])) continue;
             return jv_cmp(c, at, x->v[i], y->v[i], out);
         }
         *out = x->n < y->n ? -1 : x->n > y->n;
@@ -732,8 +774,10 @@ static int json_newline(jctx_t *c, const jjson_opts_t *o, jbuf_t *b, int level) 
     return 0;
 }
 
-static int cmp_keys(const void *x, const void *y) {
-    const jstr_t *a = *(jstr_t *const *)x, *b = *(jstr_t *const *)y;
+// Orders entry indexes by their keys (code point order, as sort_keys does).
+static int cmp_keys(const void *x, const void *y, void *keys) {
+    jstr_t *const *k = keys;
+    const jstr_t *a = k[*(const size_t *)x], *b = k[*(const size_t *)y];
     size_t n = a->len < b->len ? a->len : b->len;
     int r = memcmp(a->p, b->p, n);
     return r ? r : (a->len < b->len ? -1 : a->len > b->len);
@@ -777,15 +821,7 @@ int jv_tojson(jctx_t *c, const jnode_t *at, jv_t v, const jjson_opts_t *o, jbuf_
         if (!d->n) return jbuf_put(c, b, "{}", 2);
         size_t *order = xmalloc(d->n * sizeof *order);
         for (size_t i = 0; i < d->n; i++) order[i] = i;
-        if (o->sort_keys) {
-            jstr_t **keys = xmalloc(d->n * sizeof *keys);
-            memcpy(keys, d->k, d->n * sizeof *keys);
-            qsort(keys, d->n, sizeof *keys, cmp_keys);
-            for (size_t i = 0; i < d->n; i++)
-                for (size_t j = 0; j < d->n; j++)
-                    if (d->k[j] == keys[i]) order[i] = j;
-            free(keys);
-        }
+        if (o->sort_keys) qsort_r(order, d->n, sizeof *order, cmp_keys, d->k);
         int rc = jbuf_putc(c, b, '{');
         if (!rc && o->indent) rc = json_newline(c, o, b, level + 1);
         for (size_t i = 0; !rc && i < d->n; i++) {
@@ -827,6 +863,7 @@ int jv_iterate_lazy(jctx_t *c, const jnode_t *at, jv_t v, bool keep_errors, jlis
                 l->v[l->n++] = jv_ref(g->v[i]);
             }
             l->h.depth = g->h.depth;
+            c->steps += (long)((g->n - g->pos) >> 4);
             g->pos = g->n;
             return c->failed ? -1 : 0;
         }
@@ -836,6 +873,7 @@ int jv_iterate_lazy(jctx_t *c, const jnode_t *at, jv_t v, bool keep_errors, jlis
     case JV_DICT: {
         if (v.u.d->ns) break;
         jlist_t *l = jlist_new(c, NULL, JL_LIST, v.u.d->n);
+        c->steps += (long)(v.u.d->n >> 4);
         for (size_t i = 0; i < v.u.d->n; i++) {
             jv_t k = {.t = JV_STR};
             k.u.s = v.u.d->k[i];
@@ -847,7 +885,8 @@ int jv_iterate_lazy(jctx_t *c, const jnode_t *at, jv_t v, bool keep_errors, jlis
     case JV_STR: {
         jstr_t *s = v.u.s;
         jlist_t *l = jlist_new(c, NULL, JL_LIST, s->nch);
-        for (size_t i = 0; i < s->len;) {
+        c->steps += (long)(s->nch >> 4);
+        for (size_t i = 0; i < s->len && !c->failed;) {
             size_t st = i;
             ju_decode(s->p, s->len, &i);
             jv_t ch = jv_str(c, s->p + st, i - st);

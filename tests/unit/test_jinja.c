@@ -308,6 +308,38 @@ Test(jinja, limits_end_hostile_templates) {
     expect_err("{{ range(100001)|length }}", NULL, "larger than the sandbox allows");
 }
 
+Test(jinja, large_values_cost_steps_and_large_dicts_stay_fast) {
+    // comparing, slicing and copying large values is charged to the step budget: loops of them
+    // end with the limit instead of running for hours
+    expect_err("{% set a = range(100000)|list %}{% set b = range(100000)|list %}"
+               "{% for i in range(100000) %}{% if a == b %}{% endif %}{% endfor %}",
+               NULL, "evaluation steps (limit)");
+    expect_err("{% set s = '\u00e9' * 100000 %}{% for i in range(100000) %}{{ s[99999:] }}{% endfor %}", NULL,
+               "evaluation steps (limit)");
+    expect_err("{% set l = range(100000)|list %}{% for i in range(100000) %}{{ l.count(5) }}{% endfor %}", NULL,
+               "evaluation steps (limit)");
+    // a dict of 60000 keys from the input: every key looked up once (a hash index, not a scan
+    // per lookup), and sorted by tojson
+    size_t n = 60000;
+    char *json = malloc(n * 24 + 16), *p = json;
+    p += sprintf(p, "{\"d\": {");
+    for (size_t i = 0; i < n; i++) p += sprintf(p, "%s\"k%zu\": %zu", i ? ", " : "", n - 1 - i, i % 7);
+    strcpy(p, "}}");
+    long sum = 0;
+    for (size_t i = 0; i < n; i++) sum += (long)(i % 7);
+    char want[64];
+    snprintf(want, sizeof want, "%ld %zu {\"k0\": %zu", sum, n, (n - 1) % 7);
+    char err[ERR_LEN];
+    jinja_limits_t lim = test_limits();
+    char *out = render_lim("{% set ns = namespace(s=0) %}{% for k in d %}{% set ns.s = ns.s + d[k] %}{% endfor %}"
+                           "{{ ns.s }} {{ d|length }} {{ (d|tojson(sort_keys=true))[:8] }}",
+                           json, &lim, err);
+    cr_assert_not_null(out, "%s", err);
+    cr_assert_str_eq(out, want);
+    free(out);
+    free(json);
+}
+
 Test(jinja, limits_of_the_parser) {
     char err[ERR_LEN];
     size_t n = 200000;
