@@ -104,6 +104,7 @@ static bool jinja_title_sep(uint32_t cp) {
 
 static int map_case(jctx_t *c, const jstr_t *s, int mode, jbuf_t *b) {
     uint32_t prev = 0;
+    c->steps += (long)(s->len >> 2);
     bool first = true;
     for (size_t i = 0; i < s->len;) {
         uint32_t cp = ju_decode(s->p, s->len, &i), r = cp;
@@ -149,6 +150,8 @@ static bool in_chars(const jstr_t *chars, uint32_t cp) {
 static int strip(jctx_t *c, jv_t s, const jstr_t *chars, bool left, bool right, jv_t *out) {
     const char *p = s.u.s->p;
     size_t len = s.u.s->len, a = 0, e = len;
+    // scanning is work (a loop of scans ends at max_steps): per character, times the set's size
+    c->steps += (long)((len >> 2) * (chars && chars->nch > 1 ? chars->nch : 1));
     if (left)
         while (a < len) {
             size_t j = a;
@@ -204,6 +207,7 @@ static int split(jctx_t *c, const jnode_t *at, jv_t s, const jstr_t *sep, int64_
     jlist_t *l = jlist_new(c, NULL, JL_LIST, 0);
     *out = jv_list(l);
     if (sep && sep->len == 0) return jerr(c, at, "empty separator");
+    c->steps += (long)(len >> (sep ? 6 : 2));
     // collect the pieces as [start, end) byte ranges, left to right
     size_t cap = 16, n = 0;
     size_t(*r)[2] = xmalloc(cap * sizeof *r);
@@ -326,6 +330,7 @@ static int splitlines(jctx_t *c, jv_t s, jlist_t **out) {
     size_t len = s.u.s->len, i = 0, st = 0;
     jlist_t *l = jlist_new(c, NULL, JL_LIST, 0);
     *out = l;
+    c->steps += (long)(len >> 2);
     while (i < len) {
         size_t b = i;
         uint32_t cp = ju_decode(p, len, &i);
@@ -1276,6 +1281,7 @@ int jb_test_id(const char *name) {
 static int str_case_test(jctx_t *c, const jnode_t *at, jv_t v, bool want_lower, bool *out) {
     jv_t t;
     if (text_of(c, at, v, &t)) return -1;
+    c->steps += (long)(t.u.s->len >> 2);
     bool any = false, ok = true;
     for (size_t i = 0; i < t.u.s->len;) {
         uint32_t cp = ju_decode(t.u.s->p, t.u.s->len, &i);
@@ -1348,6 +1354,7 @@ int jb_test(jctx_t *c, const jnode_t *at, int id, jv_t self, jv_t *args, int nar
         // `x is in seq` is `x in seq`
         if (o.t == JV_STR) {
             if (self.t != JV_STR) return jerr(c, at, "'in <string>' requires a string as left operand");
+            c->steps += (long)(o.u.s->len >> 6);
             *out = memmem(o.u.s->p, o.u.s->len, self.u.s->p, self.u.s->len) != NULL || self.u.s->len == 0;
             return 0;
         }
@@ -1452,6 +1459,7 @@ static int affix_test(jctx_t *c, const jnode_t *at, jv_t self, jv_t arg, bool en
     *out = false;
     if (arg.t == JV_STR) {
         jstr_t *x = arg.u.s;
+        c->steps += (long)(x->len >> 6);
         *out = x->len <= s->len && !memcmp(end ? s->p + s->len - x->len : s->p, x->p, x->len);
         return 0;
     }
@@ -1471,6 +1479,7 @@ static int find_sub(jctx_t *c, const jnode_t *at, jv_t self, jv_t sub, bool last
     if (want_str(c, at, sub, "the substring")) return -1;
     jstr_t *s = self.u.s, *x = sub.u.s;
     *out = -1;
+    c->steps += (long)(s->len >> 6);
     if (!last) {
         const char *f = x->len ? memmem(s->p, s->len, x->p, x->len) : s->p;
         if (f) *out = (int64_t)ju_count(s->p, (size_t)(f - s->p));
@@ -1485,6 +1494,7 @@ static int find_sub(jctx_t *c, const jnode_t *at, jv_t self, jv_t sub, bool last
 }
 
 static int str_pred(jctx_t *c, jstr_t *s, int id, bool *out) {
+    c->steps += (long)(s->len >> 2);
     if (id == M_ISLOWER || id == M_ISUPPER) {
         bool any = false, ok = true;
         for (size_t i = 0; i < s->len;) {
@@ -1617,6 +1627,7 @@ static int call_str_method(jctx_t *c, const jnode_t *at, jfunc_t *f, jv_t *args,
         if (!given(a[0]) || want_str(c, at, a[0], "the substring")) return given(a[0]) ? -1 : jerr(c, at, "count() takes 1 argument");
         jstr_t *x = a[0].u.s;
         int64_t n = 0;
+        c->steps += (long)(s->len >> 6);
         if (!x->len) n = (int64_t)s->nch + 1;
         else
             for (const char *p = s->p; (p = memmem(p, s->len - (size_t)(p - s->p), x->p, x->len)); p += x->len) n++;

@@ -384,11 +384,17 @@ static int repeat(jctx_t *c, const jnode_t *at, jv_t seq, int64_t n, jv_t *out) 
             return jfatal(c, at, "string repetition larger than %zu bytes (limit)", c->lim.max_output);
         jbuf_t b;
         jbuf_init(&b);
-        for (int64_t k = 0; k < n; k++)
-            if (jbuf_put(c, &b, seq.u.s->p, seq.u.s->len)) {
-                jbuf_free(c, &b);
-                return -1;
-            }
+        size_t total = (size_t)n * seq.u.s->len;
+        int rc = jbuf_reserve(c, &b, total);
+        if (!rc && total) rc = jbuf_put(c, &b, seq.u.s->p, seq.u.s->len);
+        while (!rc && b.len < total) { // doubling copies within the reserved buffer
+            size_t k = b.len < total - b.len ? b.len : total - b.len;
+            rc = jbuf_put(c, &b, b.p, k);
+        }
+        if (rc) {
+            jbuf_free(c, &b);
+            return -1;
+        }
         *out = jbuf_take_str(c, &b);
         out->fl = seq.fl;
         return c->failed ? -1 : 0;
@@ -522,6 +528,7 @@ static int contains(jctx_t *c, const jnode_t *at, jv_t item, jv_t cont, bool *ou
     case JV_STR:
         if (item.t != JV_STR)
             return jerr(c, at, "'in <string>' requires a string as left operand, not '%s'", jv_type_name(item));
+        c->steps += (long)(cont.u.s->len >> 6); // scanning is work
         *out = item.u.s->len == 0 || memmem(cont.u.s->p, cont.u.s->len, item.u.s->p, item.u.s->len) != NULL;
         return 0;
     case JV_LIST: {

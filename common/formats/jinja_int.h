@@ -292,6 +292,7 @@ int jv_cmp(jctx_t *c, const jnode_t *at, jv_t a, jv_t b, int *out); // <0 =0 >0,
 void jbuf_init(jbuf_t *b);
 int jbuf_put(jctx_t *c, jbuf_t *b, const char *s, size_t n);
 int jbuf_putc(jctx_t *c, jbuf_t *b, char ch);
+int jbuf_reserve(jctx_t *c, jbuf_t *b, size_t n);          // room for n more bytes (no realloc until then)
 int jbuf_printf(jctx_t *c, jbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void jbuf_free(jctx_t *c, jbuf_t *b);
 jv_t jbuf_take_str(jctx_t *c, jbuf_t *b);                  // the buffer as a string value; frees b

@@ -91,7 +91,7 @@ void jobj_release(jctx_t *c, jobj_t *o) {
 }
 
 jstr_t *jstr_new(jctx_t *c, jarena_t *arena, const char *s, size_t len) {
-    if (c) c->steps += (long)(len >> 8); // copying is work: a loop of large copies ends at max_steps
+    if (c) c->steps += (long)(len >> 6); // copying is work: a loop of large copies ends at max_steps
     jstr_t *x = jobj_new(c, arena, sizeof(jstr_t) + len + 1, JV_STR);
     if (len) memcpy(x->p, s, len);
     x->p[len] = 0;
@@ -457,7 +457,7 @@ int jv_eq(jctx_t *c, jv_t a, jv_t b) {
     case JV_UNDEF:
     case JV_NONE: return 1;
     case JV_STR:
-        if (c) c->steps += (long)(a.u.s->len >> 8);
+        if (c) c->steps += (long)(a.u.s->len >> 6);
         return a.u.s->len == b.u.s->len && !memcmp(a.u.s->p, b.u.s->p, a.u.s->len);
     case JV_LIST: {
         jlist_t *x = a.u.l, *y = b.u.l;
@@ -495,6 +495,7 @@ int jv_cmp(jctx_t *c, const jnode_t *at, jv_t a, jv_t b, int *out) {
     }
     if (a.t == JV_STR && b.t == JV_STR) {
         size_t n = a.u.s->len < b.u.s->len ? a.u.s->len : b.u.s->len;
+        c->steps += (long)(n >> 6);
         int r = memcmp(a.u.s->p, b.u.s->p, n);
         *out = r ? (r < 0 ? -1 : 1) : (a.u.s->len < b.u.s->len ? -1 : a.u.s->len > b.u.s->len);
         return 0;
@@ -527,34 +528,40 @@ static void link_obj(jctx_t *c, jobj_t *o) {
     c->live.next = o;
 }
 
-int jbuf_put(jctx_t *c, jbuf_t *b, const char *s, size_t n) {
+// Makes room for n more bytes (and the NUL): limits, charging, the live list.
+static int grow(jctx_t *c, jbuf_t *b, size_t n) {
     if (c->failed) return -1;
     if (b->len + n > c->lim.max_output)
         return jfatal(c, NULL, "the output (or a string) would exceed %zu bytes (limit)", c->lim.max_output);
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 240;
-        while (nc < b->len + n + 1) nc *= 2;
-        if (b->o) unlink_obj(b->o);
-        jobj_t *o = xrealloc(b->o, sizeof(jobj_t) + nc);
-        if (!b->o) {
-            memset(o, 0, sizeof *o);
-            o->rc = 1;
-            o->type = JV_MISSING;
-        }
-        link_obj(c, o);
-        o->charge = sizeof(jobj_t) + nc;
-        charge(c, nc - b->cap + (b->o ? 0 : sizeof(jobj_t)));
-        b->o = o;
-        b->p = (char *)(o + 1);
-        b->cap = nc;
-        if (c->failed) return -1;
+    if (b->len + n + 1 <= b->cap) return 0;
+    size_t nc = b->cap ? b->cap : 240;
+    while (nc < b->len + n + 1) nc *= 2;
+    if (b->o) unlink_obj(b->o);
+    jobj_t *o = xrealloc(b->o, sizeof(jobj_t) + nc);
+    if (!b->o) {
+        memset(o, 0, sizeof *o);
+        o->rc = 1;
+        o->type = JV_MISSING;
     }
+    link_obj(c, o);
+    o->charge = sizeof(jobj_t) + nc;
+    charge(c, nc - b->cap + (b->o ? 0 : sizeof(jobj_t)));
+    b->o = o;
+    b->p = (char *)(o + 1);
+    b->cap = nc;
+    return c->failed ? -1 : 0;
+}
+
+int jbuf_put(jctx_t *c, jbuf_t *b, const char *s, size_t n) {
+    if (grow(c, b, n)) return -1;
     memcpy(b->p + b->len, s, n);
-    c->steps += (long)(n >> 8);
+    c->steps += (long)(n >> 6);
     b->len += n;
     b->p[b->len] = 0;
     return 0;
 }
+
+int jbuf_reserve(jctx_t *c, jbuf_t *b, size_t n) { return grow(c, b, n); }
 
 int jbuf_putc(jctx_t *c, jbuf_t *b, char ch) { return jbuf_put(c, b, &ch, 1); }
 

@@ -308,19 +308,30 @@ Test(jinja, limits_end_hostile_templates) {
     expect_err("{{ range(100001)|length }}", NULL, "larger than the sandbox allows");
 }
 
-Test(jinja, large_values_cost_steps_and_large_dicts_stay_fast) {
+Test(jinja, large_values_cost_steps_and_large_dicts_are_indexed) {
     // comparing, slicing and copying large values is charged to the step budget: loops of them
-    // end with the limit instead of running for hours
-    expect_err("{% set a = range(100000)|list %}{% set b = range(100000)|list %}"
-               "{% for i in range(100000) %}{% if a == b %}{% endif %}{% endfor %}",
-               NULL, "evaluation steps (limit)");
-    expect_err("{% set s = '\u00e9' * 100000 %}{% for i in range(100000) %}{{ s[99999:] }}{% endfor %}", NULL,
-               "evaluation steps (limit)");
-    expect_err("{% set l = range(100000)|list %}{% for i in range(100000) %}{{ l.count(5) }}{% endfor %}", NULL,
-               "evaluation steps (limit)");
-    // a dict of 60000 keys from the input: every key looked up once (a hash index, not a scan
+    // end with the limit instead of running for hours (a small budget, to end sooner)
+    jinja_limits_t small = test_limits();
+    small.max_steps = 300000;
+    expect_err_lim("{% set a = range(100000)|list %}{% set b = range(100000)|list %}"
+                   "{% for i in range(100000) %}{% if a == b %}{% endif %}{% endfor %}",
+                   NULL, &small, "evaluation steps (limit)");
+    expect_err_lim("{% set s = '\u00e9' * 100000 %}{% for i in range(100000) %}{{ s[99999:] }}{% endfor %}", NULL,
+                   &small, "evaluation steps (limit)");
+    expect_err_lim("{% set l = range(100000)|list %}{% for i in range(100000) %}{{ l.count(5) }}{% endfor %}", NULL,
+                   &small, "evaluation steps (limit)");
+    static const char *const scans[] = {"s.count('b')", "'b' in s", "s.find('b')", "s.strip('a')", "s.split('b')",
+                                        "s == t", "s < t", "s.endswith(t)", "s is lower", "s.isdigit()"};
+    for (size_t i = 0; i < sizeof scans / sizeof scans[0]; i++) {
+        char src[256];
+        snprintf(src, sizeof src,
+                 "{%% set s = 'a' * 1000000 %%}{%% set t = 'a' * 1000000 %%}{%% for i in range(100000) %%}{%% set x = %s %%}{%% endfor %%}",
+                 scans[i]);
+        expect_err_lim(src, NULL, &small, "evaluation steps (limit)");
+    }
+    // a dict of 20000 keys from the input: every key looked up once (a hash index, not a scan
     // per lookup), and sorted by tojson
-    size_t n = 60000;
+    size_t n = 20000;
     char *json = malloc(n * 24 + 16), *p = json;
     p += sprintf(p, "{\"d\": {");
     for (size_t i = 0; i < n; i++) p += sprintf(p, "%s\"k%zu\": %zu", i ? ", " : "", n - 1 - i, i % 7);
