@@ -18,6 +18,7 @@ int cmd_metrics(int argc, char **argv);
 int cmd_watch(int argc, char **argv);
 int cmd_adapter(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_up(int argc, char **argv);
 int cmd_down(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
