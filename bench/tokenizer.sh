@@ -22,7 +22,9 @@ get() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" <<< "$2"; }
 echo "machine: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1), $(nproc) cores; node $(node --version); $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "corpus: $CORPUS, $(wc -c < $CORPUS) bytes, $(wc -l < $CORPUS) lines; both single-threaded, best of 3 passes / 3 loads"
 echo
-echo "| family | load ms (ours) | load ms (HF JS) | encode MB/s (ours) | encode MB/s (HF JS) | speed-up | tokens equal |"
+echo "Wall time, and in brackets this process's CPU time (on a busy machine the wall time also counts waiting for a core)."
+echo
+echo "| family | load ms (ours) | load ms (HF JS) | encode MB/s (ours) | encode MB/s (HF JS) | speed-up (wall) | tokens equal |"
 echo "|---|---:|---:|---:|---:|---:|---|"
 fail=0
 for fam in "${fams[@]}"; do
@@ -33,6 +35,7 @@ for fam in "${fams[@]}"; do
     up=$(awk -v a="$(get encode_mb_s "$ours")" -v b="$(get encode_mb_s "$js")" 'BEGIN { printf "%.1fx", a / b }')
     same=$([ "$(get tokens "$ours")" = "$(get tokens "$js")" ] && echo yes || echo "NO ($(get tokens "$ours") vs $(get tokens "$js"))")
     [ "$same" = yes ] || fail=1
-    echo "| $fam | $(get load_ms "$ours") | $(get load_ms "$js") | $(get encode_mb_s "$ours") | $(get encode_mb_s "$js") | $up | $same |"
+    echo "| $fam | $(get load_ms "$ours") ($(get load_cpu_ms "$ours")) | $(get load_ms "$js") ($(get load_cpu_ms "$js")) |" \
+        "$(get encode_mb_s "$ours") ($(get encode_cpu_mb_s "$ours")) | $(get encode_mb_s "$js") ($(get encode_cpu_mb_s "$js")) | $up | $same |"
 done
 exit $fail

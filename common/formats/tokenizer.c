@@ -50,6 +50,13 @@ typedef struct {
     uint8_t flags;
 } tokenizer_token_t;
 
+// The hash, length and place of the string are kept beside the id: a probe reads only the slot
+// and, when it may match, the string (loading a 150k vocabulary is bound by these misses).
+typedef struct {
+    int32_t id;
+    uint32_t hash;
+} tokenizer_str_slot_t;
+
 typedef struct {
     uint64_t key;       // left id << 32 | right id; TOKENIZER_PAIR_EMPTY when unused
     int32_t rank;
@@ -91,7 +98,7 @@ struct tokenizer {
     tokenizer_token_t *tok;
     int32_t n_ids;
     tok_buf_t text;                   // token strings
-    int32_t *str_slots;               // token ids, -1 when empty
+    tokenizer_str_slot_t *str_slots;  // id -1 when empty
     uint32_t str_mask;
     tokenizer_pair_slot_t *pair_slots;
     uint32_t pair_mask;
@@ -248,10 +255,10 @@ void tokenizer_destroy(tokenizer_t **tp) {
 static int32_t tokenizer_find(const tokenizer_t *t, const char *s, size_t n) {
     uint32_t h = tokenizer_hash_str(s, n);
     for (uint32_t i = h & t->str_mask;; i = (i + 1) & t->str_mask) {
-        int32_t id = t->str_slots[i];
-        if (id < 0) return -1;
-        const tokenizer_token_t *k = &t->tok[id];
-        if (k->hash == h && k->len == n && memcmp(tokenizer_text(t, id), s, n) == 0) return id;
+        const tokenizer_str_slot_t *sl = &t->str_slots[i];
+        if (sl->id < 0) return -1;
+        if (sl->hash == h && t->tok[sl->id].len == n && memcmp(t->text.p + t->tok[sl->id].off, s, n) == 0)
+            return sl->id;
     }
 }
 
@@ -308,8 +315,8 @@ static int tokenizer_set_token(tokenizer_t *t, int64_t id, const char *s, size_t
     k->hash = tokenizer_hash_str(s, n);
     k->flags = flags | TOKENIZER_F_USED;
     uint32_t i = k->hash & t->str_mask;
-    while (t->str_slots[i] >= 0) i = (i + 1) & t->str_mask;
-    t->str_slots[i] = (int32_t)id;
+    while (t->str_slots[i].id >= 0) i = (i + 1) & t->str_mask;
+    t->str_slots[i] = (tokenizer_str_slot_t){(int32_t)id, k->hash};
     return 0;
 }
 
@@ -925,15 +932,18 @@ int32_t tokenizer_eos_id(const tokenizer_t *t) {
 // Parsing tokenizer.json
 
 static int tokenizer_json_id(const cJSON *v, const char *what, const char *name, int64_t *out, char *err) {
+    double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    if (d >= 0 && d < TOKENIZER_MAX_IDS && d == (double)(int64_t)d) {
+        *out = (int64_t)d;
+        return 0;
+    }
     char sn[64];
     tokenizer_show(name, strlen(name), sn, sizeof sn);
     if (!cJSON_IsNumber(v)) return err_set(err, "%s '%s': id is not a number", what, sn);
-    double d = v->valuedouble;
+    d = v->valuedouble;
     if (!(d >= 0 && d < TOKENIZER_MAX_IDS))
         return err_set(err, "%s '%s': id %g out of range (0..%d)", what, sn, d, TOKENIZER_MAX_IDS - 1);
-    if (d != (double)(int64_t)d) return err_set(err, "%s '%s': id %g is not an integer", what, sn, d);
-    *out = (int64_t)d;
-    return 0;
+    return err_set(err, "%s '%s': id %g is not an integer", what, sn, d);
 }
 
 // One template item: {"SpecialToken": {"id", "type_id"}} or {"Sequence": {"id", "type_id"}}.
@@ -1193,6 +1203,9 @@ tokenizer_t *tokenizer_parse(const char *json, size_t len, char *err) {
     }
     int n_merges = cJSON_GetArraySize(merges);
     t = tokenizer_alloc((int32_t)(max_id + 1), n_merges);
+    // The token strings cannot be longer than the file: one reservation, no copying as it grows
+    // (pages never written are never touched).
+    tok_buf_reserve(&t->text, len + 1);
     t->byte_fallback = byte_fallback;
     t->fuse_unk = fuse_unk;
     t->ignore_merges = ignore_merges;
@@ -1234,10 +1247,10 @@ tokenizer_t *tokenizer_parse(const char *json, size_t len, char *err) {
             if (tokenizer_split_merge(t, it->valuestring, &split, err) != 0) goto fail;
             a = it->valuestring, an = split;
             b = it->valuestring + split + 1, bn = strlen(b);
-        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
-                   cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
-            a = cJSON_GetArrayItem(it, 0)->valuestring, an = strlen(a);
-            b = cJSON_GetArrayItem(it, 1)->valuestring, bn = strlen(b);
+        } else if (cJSON_IsArray(it) && cJSON_IsString(it->child) && cJSON_IsString(it->child->next) &&
+                   !it->child->next->next) {
+            a = it->child->valuestring, an = strlen(a);
+            b = it->child->next->valuestring, bn = strlen(b);
         } else {
             err_set(err, "merges[%d] must be \"a b\" or [\"a\", \"b\"]", idx);
             goto fail;
