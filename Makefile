@@ -87,6 +87,11 @@ OPT      := $(if $(filter 1,$(DEBUG)),-O0,-O2) -g
 CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -march=$(ARCH) -fopenmp -MMD -MP $(WARN) -I. \
             $(BLAS_CFLAGS)
 LDLIBS   := -lczmq -lzmq -lhiredis -lmsgpackc -lsodium -lcjson -lmicrohttpd -lpcre2-8 -lutf8proc $(BLAS_LIBS) -fopenmp -lm -lpthread
+ifeq ($(VG),1)
+# memcheck cannot follow PCRE2's JIT-compiled code (it reports its reads as uninitialised): the
+# valgrind build matches tokenizer regexes with PCRE2's interpreter.
+CFLAGS   += -DMARLAAS_NO_PCRE2_JIT
+endif
 ifeq ($(SAN),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDLIBS   += -fsanitize=address,undefined
