@@ -66,7 +66,7 @@ typedef struct {
 #define TOKENIZER_PAIR_EMPTY UINT64_MAX
 
 typedef struct {
-    int32_t left, right;
+    int32_t left, right, id;  // left + right -> id
 } tokenizer_merge_t;
 
 // One TemplateProcessing: items in order, each the text itself or special token ids.
@@ -347,7 +347,7 @@ static int tokenizer_add_merge(tokenizer_t *t, const char *a, size_t an, const c
         return -1;
     }
     if (cat != stack) free(cat);
-    t->merges[rank] = (tokenizer_merge_t){ia, ib};
+    t->merges[rank] = (tokenizer_merge_t){ia, ib, im};
     uint64_t key = (uint64_t)(uint32_t)ia << 32 | (uint32_t)ib;
     uint32_t i = (uint32_t)tokenizer_hash_pair(key) & t->pair_mask;
     while (t->pair_slots[i].key != TOKENIZER_PAIR_EMPTY && t->pair_slots[i].key != key) i = (i + 1) & t->pair_mask;
@@ -744,12 +744,12 @@ static int tokenizer_bpe_word(const tokenizer_t *t, const char *word, size_t len
         tokenizer_cand_t c = tokenizer_heap_pop(w);
         tokenizer_sym_t *s = &w->sym[c.pos];
         if (s->id < 0 || s->next < 0) continue;
-        // Entries go stale when a neighbour merged first; the pair now at pos decides.
-        // A rank names exactly one pair, so a matching rank means the same merge.
-        const tokenizer_pair_slot_t *p = tokenizer_find_pair(t, s->id, w->sym[s->next].id);
-        if (!p || p->rank != c.rank) continue;
+        // Entries go stale when a neighbour merged first: the candidate holds only while the
+        // pair at pos is still the pair of its rank (a rank names exactly one pair).
+        const tokenizer_merge_t *m = &t->merges[c.rank];
+        if (m->left != s->id || m->right != w->sym[s->next].id) continue;
         int32_t gone = s->next;
-        s->id = p->id;
+        s->id = m->id;
         s->next = w->sym[gone].next;
         w->sym[gone].id = -1;
         if (s->next >= 0) w->sym[s->next].prev = c.pos;
