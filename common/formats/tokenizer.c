@@ -1,50 +1,61 @@
 // tokenizer.c - Hugging Face tokenizer.json with a BPE model: parse, build, save, encode, decode.
 //
-// Encoding is a pipeline of separate stages, as in the tokenizers library:
+// This file holds the model and drives the stages (tokenizer.h lists them); normalizers,
+// pre-tokenizers and decoders live in tok_norm.c, tok_pretok.c and tok_decode.c.
 //
-//   tokenizer_split_added   added tokens (longest literal match) cut the text into pieces
-//   tokenizer_pretokenize   each remaining piece becomes words (identity today)
-//   tokenizer_bpe_word      each word becomes symbols and is merged by lowest merge rank
-//
-// Tokens live in one array indexed by id. Two open-addressing hash tables (power-of-two
-// capacity, load <= 1/2, linear probing) give string -> id and (left id, right id) ->
-// (rank, merged id); both are sized once up front, so a 150k vocabulary costs a few MB and
-// no rehashing. The merge loop keeps a linked list of symbols and a min-heap of candidate
-// pairs, like the reference implementation, so long words cost O(n log n).
-//
-// Only what we can honour is accepted: a normalizer, a pre-tokenizer, a continuing subword
-// prefix or an end-of-word suffix would make our ids differ from the reference ones, and a
-// decoder other than ByteFallback/Fuse our text, so such files are rejected with a message
-// saying what is missing rather than silently handled differently.
+// Tokens live in one array indexed by id, their strings in one arena. Two open-addressing hash
+// tables (power-of-two capacity, load <= 1/2, linear probing) give string -> id and (left id,
+// right id) -> (rank, merged id); both are sized once up front, so a 250k vocabulary costs a
+// few MB and no rehashing. The merge loop keeps a linked list of symbols and a min-heap of
+// candidate pairs, like the reference implementation, so long words cost O(n log n). A word's
+// ids are kept in a small direct-mapped cache (most text repeats its words), and characters
+// below U+0800, which is every character of a byte-level vocabulary, find their token through
+// a table instead of the hash.
 #include "common/formats/tokenizer.h"
 
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/formats/tok_decode.h"
+#include "common/formats/tok_norm.h"
+#include "common/formats/tok_pretok.h"
+#include "common/formats/tok_text.h"
+
 // Far beyond any real vocabulary (the largest are ~260k), and small enough that a file with
 // one absurd id cannot make us allocate gigabytes for the id-indexed token array.
 #define TOKENIZER_MAX_IDS (1 << 22)
-#define TOKENIZER_DECODER_DEPTH 8
+#define TOKENIZER_MAX_TEXT (256 << 20)
+#define TOKENIZER_CP_TABLE 0x800
+#define TOKENIZER_CACHE_SLOTS 8192
+#define TOKENIZER_CACHE_KEY 30
+#define TOKENIZER_CACHE_IDS 7
 
 enum {
-    TOKENIZER_F_VOCAB = 1,        // in the model vocabulary (BPE may produce it)
-    TOKENIZER_F_ADDED = 2,        // an added token (matched literally before BPE)
-    TOKENIZER_F_SPECIAL = 4,
-    TOKENIZER_F_LSTRIP = 8,
-    TOKENIZER_F_RSTRIP = 16,
-    TOKENIZER_F_NORMALIZED = 32,
+    TOKENIZER_F_USED = 1,
+    TOKENIZER_F_VOCAB = 2,        // in the model vocabulary (BPE may produce it)
+    TOKENIZER_F_ADDED = 4,        // an added token (matched literally before BPE)
+    TOKENIZER_F_SPECIAL = 8,
+    TOKENIZER_F_LSTRIP = 16,
+    TOKENIZER_F_RSTRIP = 32,
+    TOKENIZER_F_NORMALIZED = 64,
+    TOKENIZER_F_SINGLE_WORD = 128,
 };
 
 typedef struct {
-    char *text;         // NUL-terminated; NULL for an id no token uses
-    uint32_t len;
+    uint32_t off, len;  // in the text arena (NUL-terminated)
     uint32_t hash;
     uint8_t flags;
-    int16_t byte;       // 0..255 for a vocabulary token "<0xNN>", else -1
-    char byte_text[2];  // that byte as a string, returned when byte tokens decode to bytes
 } tokenizer_token_t;
+
+// The hash, length and place of the string are kept beside the id: a probe reads only the slot
+// and, when it may match, the string (loading a 150k vocabulary is bound by these misses).
+typedef struct {
+    int32_t id;
+    uint32_t hash;
+} tokenizer_str_slot_t;
 
 typedef struct {
     uint64_t key;       // left id << 32 | right id; TOKENIZER_PAIR_EMPTY when unused
@@ -55,13 +66,39 @@ typedef struct {
 #define TOKENIZER_PAIR_EMPTY UINT64_MAX
 
 typedef struct {
-    int32_t left, right;
+    int32_t left, right, id;  // left + right -> id
 } tokenizer_merge_t;
+
+// One TemplateProcessing: items in order, each the text itself or special token ids.
+typedef struct {
+    int32_t *ids;
+    int n;
+    bool text;
+} tokenizer_item_t;
+
+typedef struct {
+    tokenizer_item_t *items;
+    int n;
+} tokenizer_template_t;
+
+typedef struct {
+    uint32_t hash;
+    uint8_t klen;       // 0: empty slot
+    uint8_t nids;
+    char key[TOKENIZER_CACHE_KEY];
+    int32_t ids[TOKENIZER_CACHE_IDS];
+} tokenizer_cache_slot_t;
+
+typedef struct {
+    pthread_mutex_t lock;
+    tokenizer_cache_slot_t slot[TOKENIZER_CACHE_SLOTS];
+} tokenizer_cache_t;
 
 struct tokenizer {
     tokenizer_token_t *tok;
     int32_t n_ids;
-    int32_t *str_slots;               // token ids, -1 when empty
+    tok_buf_t text;                   // token strings
+    tokenizer_str_slot_t *str_slots;  // id -1 when empty
     uint32_t str_mask;
     tokenizer_pair_slot_t *pair_slots;
     uint32_t pair_mask;
@@ -71,16 +108,27 @@ struct tokenizer {
     int32_t n_merges;
     int32_t unk_id;                   // -1 when the model has no unk_token
     bool byte_fallback, fuse_unk, ignore_merges;
-    bool decode_bytes;                // "<0xNN>" tokens decode to the raw byte
+    char *prefix, *suffix;            // continuing_subword_prefix, end_of_word_suffix; NULL when unset
+    size_t prefix_len, suffix_len;
     int32_t byte_id[256];             // id of "<0xNN>" in the vocabulary, or -1
-    // Added tokens grouped by (pass, first byte), longest first within a group, so the first
-    // hit while scanning a group is the longest match. Pass 0 holds tokens with
-    // normalized=false, pass 1 those with normalized=true (matched after, as in the
-    // reference, where they are matched against normalized text).
-    int32_t *added_order;
+    int32_t *cp_id;                   // vocabulary id of each single character below U+0800, or -1
+    // Added tokens by pass (0: normalized=false, matched on the raw text; 1: normalized=true,
+    // matched on normalized text) and first byte: the distinct lengths, longest first, so the
+    // first length that hits is the longest match.
+    bool added_first[2][256];
+    uint32_t *added_len;
     uint32_t added_start[2 * 256 + 1];
-    // Kept verbatim so that save writes back what the file had; encoding ignores them.
-    cJSON *decoder, *post_processor;
+    tok_norm_t *normalizer;
+    tok_pretok_t *pretok;
+    tok_decoder_t *decoder;
+    tokenizer_template_t *post;       // applied in order when special tokens are added
+    int n_post;
+    int32_t bos_id, eos_id;
+    tok_buf_t dtext;                  // tokenizer_token_text of each id, NUL-terminated
+    uint32_t *dtext_off;              // (n_ids + 1) offsets into dtext
+    tokenizer_cache_t *cache;
+    // The components as the file had them, written back by save.
+    cJSON *j_normalizer, *j_pretok, *j_post, *j_decoder;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -131,36 +179,8 @@ static const char *tokenizer_show(const char *s, size_t n, char *buf, size_t cap
     return buf;
 }
 
-// Length of the UTF-8 character at s (1..4), or 1 for a byte that does not start a
-// well-formed character, so that any byte string can be split. *cp receives the code point
-// (or the byte).
-static size_t tokenizer_utf8_char(const uint8_t *s, size_t n, uint32_t *cp) {
-    uint8_t c = s[0];
-    *cp = c;
-    if (c < 0x80) return 1;
-    size_t need;
-    uint32_t v, min;
-    if ((c & 0xE0) == 0xC0) {
-        need = 2, v = c & 0x1F, min = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-        need = 3, v = c & 0x0F, min = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-        need = 4, v = c & 0x07, min = 0x10000;
-    } else {
-        return 1;
-    }
-    if (need > n) return 1;
-    for (size_t k = 1; k < need; k++) {
-        if ((s[k] & 0xC0) != 0x80) return 1;
-        v = (v << 6) | (s[k] & 0x3F);
-    }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 1;
-    *cp = v;
-    return need;
-}
-
-static bool tokenizer_is_space(uint8_t c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+static const char *tokenizer_text(const tokenizer_t *t, int32_t id) {
+    return t->text.p + t->tok[id].off;
 }
 
 typedef struct {
@@ -183,7 +203,6 @@ static tokenizer_t *tokenizer_alloc(int32_t n_ids, int32_t n_merges) {
     tokenizer_t *t = xcalloc(1, sizeof *t);
     t->n_ids = n_ids;
     t->tok = xcalloc((size_t)n_ids, sizeof *t->tok);
-    for (int32_t i = 0; i < n_ids; i++) t->tok[i].byte = -1;
     uint32_t cap = tokenizer_table_cap((size_t)n_ids);
     t->str_mask = cap - 1;
     t->str_slots = xmalloc(cap * sizeof *t->str_slots);
@@ -192,8 +211,9 @@ static tokenizer_t *tokenizer_alloc(int32_t n_ids, int32_t n_merges) {
     t->pair_mask = cap - 1;
     t->pair_slots = xmalloc(cap * sizeof *t->pair_slots);
     for (uint32_t i = 0; i < cap; i++) t->pair_slots[i].key = TOKENIZER_PAIR_EMPTY;
-    t->merges = xmalloc((size_t)n_merges * sizeof *t->merges);
+    t->merges = xmalloc(((size_t)n_merges + 1) * sizeof *t->merges);
     t->unk_id = -1;
+    t->bos_id = t->eos_id = -1;
     for (int i = 0; i < 256; i++) t->byte_id[i] = -1;
     return t;
 }
@@ -201,14 +221,33 @@ static tokenizer_t *tokenizer_alloc(int32_t n_ids, int32_t n_merges) {
 void tokenizer_destroy(tokenizer_t **tp) {
     if (!tp || !*tp) return;
     tokenizer_t *t = *tp;
-    for (int32_t i = 0; i < t->n_ids; i++) free(t->tok[i].text);
     free(t->tok);
+    tok_buf_free(&t->text);
     free(t->str_slots);
     free(t->pair_slots);
     free(t->merges);
-    free(t->added_order);
-    cJSON_Delete(t->decoder);
-    cJSON_Delete(t->post_processor);
+    free(t->prefix);
+    free(t->suffix);
+    free(t->cp_id);
+    free(t->added_len);
+    tok_norm_destroy(&t->normalizer);
+    tok_pretok_destroy(&t->pretok);
+    tok_decoder_destroy(&t->decoder);
+    for (int i = 0; i < t->n_post; i++) {
+        for (int k = 0; k < t->post[i].n; k++) free(t->post[i].items[k].ids);
+        free(t->post[i].items);
+    }
+    free(t->post);
+    tok_buf_free(&t->dtext);
+    free(t->dtext_off);
+    if (t->cache) {
+        pthread_mutex_destroy(&t->cache->lock);
+        free(t->cache);
+    }
+    cJSON_Delete(t->j_normalizer);
+    cJSON_Delete(t->j_pretok);
+    cJSON_Delete(t->j_post);
+    cJSON_Delete(t->j_decoder);
     free(t);
     *tp = NULL;
 }
@@ -216,10 +255,10 @@ void tokenizer_destroy(tokenizer_t **tp) {
 static int32_t tokenizer_find(const tokenizer_t *t, const char *s, size_t n) {
     uint32_t h = tokenizer_hash_str(s, n);
     for (uint32_t i = h & t->str_mask;; i = (i + 1) & t->str_mask) {
-        int32_t id = t->str_slots[i];
-        if (id < 0) return -1;
-        const tokenizer_token_t *k = &t->tok[id];
-        if (k->hash == h && k->len == n && memcmp(k->text, s, n) == 0) return id;
+        const tokenizer_str_slot_t *sl = &t->str_slots[i];
+        if (sl->id < 0) return -1;
+        if (sl->hash == h && t->tok[sl->id].len == n && memcmp(t->text.p + t->tok[sl->id].off, s, n) == 0)
+            return sl->id;
     }
 }
 
@@ -245,6 +284,10 @@ static int tokenizer_set_token(tokenizer_t *t, int64_t id, const char *s, size_t
     if (id < 0 || id >= t->n_ids)
         return err_set(err, "token '%s': id %lld out of range (0..%d)", tokenizer_show(s, n, a, sizeof a),
                        (long long)id, t->n_ids - 1);
+    size_t bad;
+    if (!tok_utf8_valid(s, n, &bad))
+        return err_set(err, "token '%s' (id %lld) is not valid UTF-8 at byte %zu", tokenizer_show(s, n, a, sizeof a),
+                       (long long)id, bad);
     int32_t have = tokenizer_find(t, s, n);
     if (have >= 0) {
         tokenizer_token_t *k = &t->tok[have];
@@ -260,23 +303,25 @@ static int tokenizer_set_token(tokenizer_t *t, int64_t id, const char *s, size_t
         return 0;
     }
     tokenizer_token_t *k = &t->tok[id];
-    if (k->text)
+    if (k->flags & TOKENIZER_F_USED)
         return err_set(err, "duplicate id %lld: used by '%s' and '%s'", (long long)id,
-                       tokenizer_show(k->text, k->len, a, sizeof a), tokenizer_show(s, n, b, sizeof b));
-    if (n > UINT32_MAX) return err_set(err, "token of %zu bytes is too long", n);
-    k->text = xmalloc(n + 1);
-    memcpy(k->text, s, n);
-    k->text[n] = 0;
+                       tokenizer_show(tokenizer_text(t, (int32_t)id), k->len, a, sizeof a),
+                       tokenizer_show(s, n, b, sizeof b));
+    if (n >= UINT32_MAX || t->text.n + n + 1 >= UINT32_MAX) return err_set(err, "tokens too long (over 4 GB)");
+    k->off = (uint32_t)t->text.n;
+    tok_buf_add(&t->text, s, n);
+    tok_buf_addc(&t->text, 0);
     k->len = (uint32_t)n;
     k->hash = tokenizer_hash_str(s, n);
-    k->flags = flags;
+    k->flags = flags | TOKENIZER_F_USED;
     uint32_t i = k->hash & t->str_mask;
-    while (t->str_slots[i] >= 0) i = (i + 1) & t->str_mask;
-    t->str_slots[i] = (int32_t)id;
+    while (t->str_slots[i].id >= 0) i = (i + 1) & t->str_mask;
+    t->str_slots[i] = (tokenizer_str_slot_t){(int32_t)id, k->hash};
     return 0;
 }
 
-// Adds the merge "a b" at rank (ranks must be added in increasing order).
+// Adds the merge "a b" at rank (ranks must be added in increasing order). The merged token is
+// a followed by b without its continuing_subword_prefix, as in the Rust library.
 static int tokenizer_add_merge(tokenizer_t *t, const char *a, size_t an, const char *b, size_t bn, int32_t rank,
                                char *err) {
     char sa[64], sb[64];
@@ -285,20 +330,24 @@ static int tokenizer_add_merge(tokenizer_t *t, const char *a, size_t an, const c
         return err_set(err, "merge %d ('%s' '%s'): token '%s' is not in the vocab", rank,
                        tokenizer_show(a, an, sa, sizeof sa), tokenizer_show(b, bn, sb, sizeof sb),
                        ia < 0 ? sa : sb);
-    char *cat = xmalloc(an + bn + 1);
+    if (bn < t->prefix_len)
+        return err_set(err, "merge %d: '%s' is shorter than the continuing_subword_prefix", rank,
+                       tokenizer_show(b, bn, sb, sizeof sb));
+    char stack[128], *cat = an + bn <= sizeof stack ? stack : xmalloc(an + bn);
     memcpy(cat, a, an);
-    memcpy(cat + an, b, bn);
-    int32_t im = tokenizer_find_vocab(t, cat, an + bn);
+    memcpy(cat + an, b + t->prefix_len, bn - t->prefix_len);
+    size_t cn = an + bn - t->prefix_len;
+    int32_t im = tokenizer_find_vocab(t, cat, cn);
     if (im < 0) {
         char sm[64];
         err_set(err, "merge %d ('%s' '%s'): result '%s' is not in the vocab", rank,
                 tokenizer_show(a, an, sa, sizeof sa), tokenizer_show(b, bn, sb, sizeof sb),
-                tokenizer_show(cat, an + bn, sm, sizeof sm));
-        free(cat);
+                tokenizer_show(cat, cn, sm, sizeof sm));
+        if (cat != stack) free(cat);
         return -1;
     }
-    free(cat);
-    t->merges[rank] = (tokenizer_merge_t){ia, ib};
+    if (cat != stack) free(cat);
+    t->merges[rank] = (tokenizer_merge_t){ia, ib, im};
     uint64_t key = (uint64_t)(uint32_t)ia << 32 | (uint32_t)ib;
     uint32_t i = (uint32_t)tokenizer_hash_pair(key) & t->pair_mask;
     while (t->pair_slots[i].key != TOKENIZER_PAIR_EMPTY && t->pair_slots[i].key != key) i = (i + 1) & t->pair_mask;
@@ -322,10 +371,11 @@ static int tokenizer_split_merge(const tokenizer_t *t, const char *m, size_t *sp
     for (size_t i = 1; spaces > 1 && i + 1 < n; i++) {
         if (m[i] != ' ') continue;
         if (tokenizer_find_vocab(t, m, i) < 0 || tokenizer_find_vocab(t, m + i + 1, n - i - 1) < 0) continue;
+        if (n - i - 1 < t->prefix_len) continue;
         char *cat = xmalloc(n);
         memcpy(cat, m, i);
-        memcpy(cat + i, m + i + 1, n - i - 1);
-        bool ok = tokenizer_find_vocab(t, cat, n - 1) >= 0;
+        memcpy(cat + i, m + i + 1 + t->prefix_len, n - i - 1 - t->prefix_len);
+        bool ok = tokenizer_find_vocab(t, cat, n - 1 - t->prefix_len) >= 0;
         free(cat);
         if (!ok) continue;
         if (found) return err_set(err, "merge '%s' is ambiguous", tokenizer_show(m, n, sm, sizeof sm));
@@ -338,56 +388,107 @@ static int tokenizer_split_merge(const tokenizer_t *t, const char *m, size_t *sp
     return 0;
 }
 
-static int tokenizer_added_cmp(const void *pa, const void *pb) {
-    const int64_t *a = pa, *b = pb;  // {group, -len, id}
-    for (int i = 0; i < 3; i++)
-        if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;
-    return 0;
+static int tokenizer_len_cmp(const void *pa, const void *pb) {
+    const uint32_t *a = pa, *b = pb;  // {group, len}: group up, length down
+    if (a[0] != b[0]) return a[0] < b[0] ? -1 : 1;
+    return a[1] > b[1] ? -1 : a[1] < b[1];
 }
 
-// Derived tables, once every token and merge is in.
+// Derived tables, once every token and merge is in: byte-fallback ids, the character table,
+// the added-token lengths, each token's decoded text, the word cache.
 static int tokenizer_finish(tokenizer_t *t, char *err) {
+    bool any = false;
+    for (int32_t i = 0; i < t->n_ids && !any; i++) any = t->tok[i].flags & TOKENIZER_F_USED;
+    if (!any) return err_set(err, "tokenizer has no tokens");
     for (int b = 0; b < 256; b++) {
         char name[8];
         snprintf(name, sizeof name, "<0x%02X>", b);
-        int32_t id = tokenizer_find_vocab(t, name, 6);
-        t->byte_id[b] = id;
-        if (id >= 0) {
-            t->tok[id].byte = (int16_t)b;
-            t->tok[id].byte_text[0] = (char)b;
-        }
+        t->byte_id[b] = tokenizer_find_vocab(t, name, 6);
     }
+    t->cp_id = xmalloc(TOKENIZER_CP_TABLE * sizeof *t->cp_id);
+    for (uint32_t cp = 0; cp < TOKENIZER_CP_TABLE; cp++) {
+        char s[2] = {(char)cp, 0};
+        size_t n = 1;
+        if (cp >= 0x80) {
+            s[0] = (char)(0xC0 | (cp >> 6));
+            s[1] = (char)(0x80 | (cp & 0x3F));
+            n = 2;
+        }
+        t->cp_id[cp] = tokenizer_find_vocab(t, s, n);
+    }
+
     size_t n_added = 0;
     for (int32_t i = 0; i < t->n_ids; i++)
         if (t->tok[i].flags & TOKENIZER_F_ADDED) n_added++;
-    int64_t(*keys)[3] = xmalloc((n_added ? n_added : 1) * sizeof *keys);
+    uint32_t(*keys)[2] = xmalloc((n_added ? n_added : 1) * sizeof *keys);
     size_t k = 0;
     for (int32_t i = 0; i < t->n_ids; i++) {
         const tokenizer_token_t *tk = &t->tok[i];
         if (!(tk->flags & TOKENIZER_F_ADDED)) continue;
         int pass = (tk->flags & TOKENIZER_F_NORMALIZED) ? 1 : 0;
-        keys[k][0] = pass * 256 + (uint8_t)tk->text[0];
-        keys[k][1] = -(int64_t)tk->len;
-        keys[k][2] = i;
+        uint8_t first = (uint8_t)tokenizer_text(t, i)[0];
+        keys[k][0] = (uint32_t)pass * 256 + first;
+        keys[k][1] = tk->len;
+        t->added_first[pass][first] = true;
         k++;
     }
-    qsort(keys, n_added, sizeof *keys, tokenizer_added_cmp);
-    t->added_order = xmalloc((n_added ? n_added : 1) * sizeof *t->added_order);
+    qsort(keys, n_added, sizeof *keys, tokenizer_len_cmp);
+    t->added_len = xmalloc((n_added ? n_added : 1) * sizeof *t->added_len);
     memset(t->added_start, 0, sizeof t->added_start);
+    size_t m = 0;
     for (size_t i = 0; i < n_added; i++) {
-        t->added_order[i] = (int32_t)keys[i][2];
+        if (i > 0 && keys[i][0] == keys[i - 1][0] && keys[i][1] == keys[i - 1][1]) continue;
+        t->added_len[m++] = keys[i][1];
         t->added_start[keys[i][0] + 1]++;
     }
     for (int g = 0; g < 2 * 256; g++) t->added_start[g + 1] += t->added_start[g];
     free(keys);
-    bool any = false;
-    for (int32_t i = 0; i < t->n_ids && !any; i++) any = t->tok[i].text != NULL;
-    if (!any) return err_set(err, "tokenizer has no tokens");
+
+    t->dtext_off = xmalloc(((size_t)t->n_ids + 1) * sizeof *t->dtext_off);
+    tok_work_t w = {0};
+    for (int32_t i = 0; i < t->n_ids; i++) {
+        t->dtext_off[i] = (uint32_t)t->dtext.n;
+        if (!(t->tok[i].flags & TOKENIZER_F_USED)) continue;
+        if (!t->decoder) {
+            tok_buf_add(&t->dtext, tokenizer_text(t, i), t->tok[i].len);
+        } else if (tok_decoder_token(t->decoder, tokenizer_text(t, i), t->tok[i].len, &t->dtext, &w, err) != 0) {
+            tok_work_free(&w);
+            return -1;
+        }
+        tok_buf_addc(&t->dtext, 0);
+        if (t->dtext.n >= UINT32_MAX) {
+            tok_work_free(&w);
+            return err_set(err, "decoded tokens too long (over 4 GB)");
+        }
+    }
+    t->dtext_off[t->n_ids] = (uint32_t)t->dtext.n;
+    tok_work_free(&w);
+
+    t->cache = xcalloc(1, sizeof *t->cache);
+    pthread_mutex_init(&t->cache->lock, NULL);
     return 0;
 }
 
 // ---------------------------------------------------------------------------------------
-// Encoding pipeline
+// Added tokens
+
+// The longest added token of `pass` starting at text[i] (end bounds it): its id and length.
+static int32_t tokenizer_added_at(const tokenizer_t *t, int pass, const char *text, size_t i, size_t end,
+                                  size_t *len) {
+    uint32_t g = (uint32_t)pass * 256 + (uint8_t)text[i];
+    for (uint32_t j = t->added_start[g]; j < t->added_start[g + 1]; j++) {
+        uint32_t l = t->added_len[j];
+        if (l > end - i) continue;
+        int32_t id = tokenizer_find(t, text + i, l);
+        if (id < 0) continue;
+        uint8_t f = t->tok[id].flags;
+        if ((f & TOKENIZER_F_ADDED) && ((f & TOKENIZER_F_NORMALIZED) ? 1 : 0) == pass) {
+            *len = l;
+            return id;
+        }
+    }
+    return -1;
+}
 
 typedef struct {
     size_t off, len;
@@ -407,53 +508,68 @@ static void tokenizer_spans_push(tokenizer_spans_t *a, size_t off, size_t len, i
     a->v[a->n++] = (tokenizer_span_t){off, len, id};
 }
 
-// Stage 1: cuts text[off, off+len) at the added tokens of one pass, leftmost match first,
-// longest match at that position. lstrip/rstrip tokens swallow the whitespace beside them.
+static uint32_t tokenizer_cp_at(const char *s, size_t n) {
+    uint32_t cp;
+    bool ok;
+    tok_utf8_next((const uint8_t *)s, n, &cp, &ok);
+    return cp;
+}
+
+// Cuts text[off, off+len) at the added tokens of one pass, as the Rust library does: leftmost
+// match, longest there; a single_word token only between non-word characters (else skipped);
+// lstrip / rstrip tokens take the whitespace beside them.
 static void tokenizer_split_added(const tokenizer_t *t, const char *text, size_t off, size_t len, int pass,
                                   tokenizer_spans_t *out) {
-    size_t end = off + len, start = off, i = off;
+    size_t end = off + len, done = off, i = off;
     if (t->added_start[pass * 256] == t->added_start[pass * 256 + 256]) {
         if (len) tokenizer_spans_push(out, off, len, -1);
         return;
     }
     while (i < end) {
-        uint32_t g = (uint32_t)pass * 256 + (uint8_t)text[i];
-        int32_t hit = -1;
-        for (uint32_t j = t->added_start[g]; j < t->added_start[g + 1]; j++) {
-            const tokenizer_token_t *k = &t->tok[t->added_order[j]];
-            if (k->len <= end - i && memcmp(text + i, k->text, k->len) == 0) {
-                hit = t->added_order[j];
-                break;
-            }
-        }
-        if (hit < 0) {
+        if (!t->added_first[pass][(uint8_t)text[i]]) {
             i++;
             continue;
         }
-        const tokenizer_token_t *k = &t->tok[hit];
-        size_t ms = i, me = i + k->len;
-        if (k->flags & TOKENIZER_F_LSTRIP)
-            while (ms > start && tokenizer_is_space((uint8_t)text[ms - 1])) ms--;
-        if (k->flags & TOKENIZER_F_RSTRIP)
-            while (me < end && tokenizer_is_space((uint8_t)text[me])) me++;
-        if (ms > start) tokenizer_spans_push(out, start, ms - start, -1);
-        tokenizer_spans_push(out, ms, me - ms, hit);
-        start = i = me;
+        size_t l;
+        int32_t id = tokenizer_added_at(t, pass, text, i, end, &l);
+        if (id < 0) {
+            i++;
+            continue;
+        }
+        uint8_t f = t->tok[id].flags;
+        size_t ms = i, me = i + l;
+        if (f & TOKENIZER_F_SINGLE_WORD) {
+            size_t at = ms > off ? off + tok_utf8_last(text + off, ms - off) : off;
+            bool left_ok = ms == off || !tok_is_word(tokenizer_cp_at(text + at, ms - at));
+            bool right_ok = me == end || !tok_is_word(tokenizer_cp_at(text + me, end - me));
+            if (!left_ok || !right_ok) {
+                i = me;
+                continue;
+            }
+        }
+        if (f & TOKENIZER_F_LSTRIP)
+            while (ms > done) {
+                size_t at = off + tok_utf8_last(text + off, ms - off);
+                if (!tok_is_whitespace(tokenizer_cp_at(text + at, ms - at))) break;
+                ms = at;
+            }
+        if (f & TOKENIZER_F_RSTRIP)
+            while (me < end) {
+                uint32_t cp;
+                bool ok;
+                size_t cl = tok_utf8_next((const uint8_t *)text + me, end - me, &cp, &ok);
+                if (!tok_is_whitespace(cp)) break;
+                me += cl;
+            }
+        if (ms > done) tokenizer_spans_push(out, done, ms - done, -1);
+        tokenizer_spans_push(out, ms, me - ms, id);
+        done = i = me;
     }
-    if (start < end) tokenizer_spans_push(out, start, end - start, -1);
+    if (done < end) tokenizer_spans_push(out, done, end - done, -1);
 }
 
-// Stage 2: the pre-tokenizer splits a piece into words that BPE encodes independently.
-// Identity today (the whole piece is one word). A ByteLevel pre-tokenizer plugs in here:
-// split with the GPT-2 regex, then map each byte of a word to its printable code point
-// (bytes_to_unicode) before BPE, and map back in decode.
-static void tokenizer_pretokenize(const tokenizer_t *t, const char *text, size_t off, size_t len,
-                                  tokenizer_spans_t *words) {
-    (void)t;
-    (void)text;
-    words->n = 0;
-    if (len) tokenizer_spans_push(words, off, len, -1);
-}
+// ---------------------------------------------------------------------------------------
+// BPE
 
 typedef struct {
     int32_t id;  // -1 once merged into the symbol on its left
@@ -469,6 +585,7 @@ typedef struct {
     size_t n_sym, cap_sym;
     tokenizer_cand_t *heap;
     size_t n_heap, cap_heap;
+    tok_buf_t affixed;  // a character with continuing_subword_prefix / end_of_word_suffix
 } tokenizer_work_t;
 
 static void tokenizer_sym_push(tokenizer_work_t *w, int32_t id) {
@@ -522,10 +639,52 @@ static void tokenizer_push_pair(const tokenizer_t *t, tokenizer_work_t *w, int32
     if (p) tokenizer_heap_push(w, p->rank, pos);
 }
 
-// Stage 3: BPE on one word text[off, off+len), appending ids to out.
-static int tokenizer_bpe_word(const tokenizer_t *t, const char *text, size_t off, size_t len, tokenizer_work_t *w,
+static bool tokenizer_cache_get(const tokenizer_t *t, const char *word, size_t len, uint32_t h, tokenizer_ids_t *out) {
+    tokenizer_cache_t *c = t->cache;
+    if (len > TOKENIZER_CACHE_KEY || pthread_mutex_trylock(&c->lock) != 0) return false;
+    const tokenizer_cache_slot_t *s = &c->slot[h & (TOKENIZER_CACHE_SLOTS - 1)];
+    bool hit = s->klen == len && s->hash == h && memcmp(s->key, word, len) == 0;
+    int32_t ids[TOKENIZER_CACHE_IDS];
+    uint8_t n = s->nids;
+    if (hit) memcpy(ids, s->ids, n * sizeof *ids);
+    pthread_mutex_unlock(&c->lock);
+    for (uint8_t i = 0; hit && i < n; i++) tokenizer_ids_push(out, ids[i]);
+    return hit;
+}
+
+static void tokenizer_cache_put(const tokenizer_t *t, const char *word, size_t len, uint32_t h, const int32_t *ids,
+                                size_t n) {
+    tokenizer_cache_t *c = t->cache;
+    if (len > TOKENIZER_CACHE_KEY || n > TOKENIZER_CACHE_IDS || pthread_mutex_trylock(&c->lock) != 0) return;
+    tokenizer_cache_slot_t *s = &c->slot[h & (TOKENIZER_CACHE_SLOTS - 1)];
+    s->hash = h;
+    s->klen = (uint8_t)len;
+    s->nids = (uint8_t)n;
+    memcpy(s->key, word, len);
+    memcpy(s->ids, ids, n * sizeof *ids);
+    pthread_mutex_unlock(&c->lock);
+}
+
+// The vocabulary id of the character word[i, i+cl), with the affixes the model asks for.
+static int32_t tokenizer_char_id(const tokenizer_t *t, tokenizer_work_t *w, const char *word, size_t i, size_t cl,
+                                 uint32_t cp, bool first, bool last, const char **s, size_t *sn) {
+    *s = word + i;
+    *sn = cl;
+    bool pre = t->prefix && !first, suf = t->suffix && last;
+    if (!pre && !suf) return cp < TOKENIZER_CP_TABLE ? t->cp_id[cp] : tokenizer_find_vocab(t, word + i, cl);
+    w->affixed.n = 0;
+    if (pre) tok_buf_add(&w->affixed, t->prefix, t->prefix_len);
+    tok_buf_add(&w->affixed, word + i, cl);
+    if (suf) tok_buf_add(&w->affixed, t->suffix, t->suffix_len);
+    *s = w->affixed.p;
+    *sn = w->affixed.n;
+    return tokenizer_find_vocab(t, w->affixed.p, w->affixed.n);
+}
+
+// BPE on one word (well-formed UTF-8), appending its ids to out.
+static int tokenizer_bpe_word(const tokenizer_t *t, const char *word, size_t len, tokenizer_work_t *w,
                               tokenizer_ids_t *out, char *err) {
-    const char *word = text + off;
+    if (!len) return 0;
     if (t->ignore_merges) {
         int32_t id = tokenizer_find_vocab(t, word, len);
         if (id >= 0) {
@@ -533,43 +692,48 @@ static int tokenizer_bpe_word(const tokenizer_t *t, const char *text, size_t off
             return 0;
         }
     }
+    uint32_t h = tokenizer_hash_str(word, len);
+    if (tokenizer_cache_get(t, word, len, h, out)) return 0;
     if (len > INT32_MAX / 2) return err_set(err, "word of %zu bytes is too long to encode", len);
     w->n_sym = 0;
     w->n_heap = 0;
-    bool last_unk = false;
+    bool unk_pending = false;  // as in the Rust library, an unknown character waits to be fused
     for (size_t i = 0; i < len;) {
         uint32_t cp;
-        size_t cl = tokenizer_utf8_char((const uint8_t *)word + i, len - i, &cp);
-        int32_t id = tokenizer_find_vocab(t, word + i, cl);
+        bool ok;
+        size_t cl = tok_utf8_next((const uint8_t *)word + i, len - i, &cp, &ok);
+        const char *s;
+        size_t sn;
+        int32_t id = tokenizer_char_id(t, w, word, i, cl, cp, i == 0, i + cl == len, &s, &sn);
         if (id >= 0) {
+            if (unk_pending) tokenizer_sym_push(w, t->unk_id);
+            unk_pending = false;
             tokenizer_sym_push(w, id);
-            last_unk = false;
             i += cl;
             continue;
         }
         bool bytes_ok = t->byte_fallback;
-        for (size_t k = 0; k < cl && bytes_ok; k++) bytes_ok = t->byte_id[(uint8_t)word[i + k]] >= 0;
+        for (size_t k = 0; k < sn && bytes_ok; k++) bytes_ok = t->byte_id[(uint8_t)s[k]] >= 0;
         if (bytes_ok) {
-            for (size_t k = 0; k < cl; k++) tokenizer_sym_push(w, t->byte_id[(uint8_t)word[i + k]]);
-            last_unk = false;
+            for (size_t k = 0; k < sn; k++) tokenizer_sym_push(w, t->byte_id[(uint8_t)s[k]]);
         } else if (t->unk_id >= 0) {
-            if (!(t->fuse_unk && last_unk)) tokenizer_sym_push(w, t->unk_id);
-            last_unk = true;
+            if (unk_pending && !t->fuse_unk) tokenizer_sym_push(w, t->unk_id);
+            unk_pending = true;
         } else {
             char what[64];
-            if (cl == 1 && cp >= 0x80)
-                snprintf(what, sizeof what, "byte \\x%02X (not valid UTF-8)", cp);
-            else if (cp >= 0x20 && cp < 0x7f)
+            if (cp >= 0x20 && cp < 0x7f)
                 snprintf(what, sizeof what, "'%c' (U+%04X)", (char)cp, cp);
             else
                 snprintf(what, sizeof what, "U+%04X", cp);
-            return err_set(err, "cannot encode character %s at byte %zu: not in the vocab, and the model has %s",
-                           what, off + i,
+            return err_set(err, "cannot encode character %s of the word at byte %zu: not in the vocab, and the model "
+                                "has %s",
+                           what, i,
                            t->byte_fallback ? "no byte_fallback token for it and no unk_token"
                                             : "neither byte_fallback nor an unk_token");
         }
         i += cl;
     }
+    if (unk_pending) tokenizer_sym_push(w, t->unk_id);
     int32_t n = (int32_t)w->n_sym;
     for (int32_t i = 0; i < n; i++) {
         w->sym[i].prev = i - 1;
@@ -580,46 +744,92 @@ static int tokenizer_bpe_word(const tokenizer_t *t, const char *text, size_t off
         tokenizer_cand_t c = tokenizer_heap_pop(w);
         tokenizer_sym_t *s = &w->sym[c.pos];
         if (s->id < 0 || s->next < 0) continue;
-        // Entries go stale when a neighbour merged first; the pair now at pos decides.
-        // A rank names exactly one pair, so a matching rank means the same merge.
-        const tokenizer_pair_slot_t *p = tokenizer_find_pair(t, s->id, w->sym[s->next].id);
-        if (!p || p->rank != c.rank) continue;
+        // Entries go stale when a neighbour merged first: the candidate holds only while the
+        // pair at pos is still the pair of its rank (a rank names exactly one pair).
+        const tokenizer_merge_t *m = &t->merges[c.rank];
+        if (m->left != s->id || m->right != w->sym[s->next].id) continue;
         int32_t gone = s->next;
-        s->id = p->id;
+        s->id = m->id;
         s->next = w->sym[gone].next;
         w->sym[gone].id = -1;
         if (s->next >= 0) w->sym[s->next].prev = c.pos;
         if (s->prev >= 0) tokenizer_push_pair(t, w, s->prev);
         tokenizer_push_pair(t, w, c.pos);
     }
+    size_t first = out->n;
     for (int32_t i = n ? 0 : -1; i >= 0; i = w->sym[i].next) tokenizer_ids_push(out, w->sym[i].id);
+    tokenizer_cache_put(t, word, len, h, out->v + first, out->n - first);
     return 0;
 }
 
-int tokenizer_encode(const tokenizer_t *t, const char *text, size_t len, int32_t **ids, char *err) {
+// ---------------------------------------------------------------------------------------
+// Encoding
+
+static void tokenizer_post_process(const tokenizer_t *t, tokenizer_ids_t *ids) {
+    for (int p = 0; p < t->n_post; p++) {
+        tokenizer_ids_t next = {0};
+        for (int k = 0; k < t->post[p].n; k++) {
+            const tokenizer_item_t *it = &t->post[p].items[k];
+            if (it->text)
+                for (size_t i = 0; i < ids->n; i++) tokenizer_ids_push(&next, ids->v[i]);
+            else
+                for (int i = 0; i < it->n; i++) tokenizer_ids_push(&next, it->ids[i]);
+        }
+        free(ids->v);
+        *ids = next;
+    }
+}
+
+int tokenizer_encode_special(const tokenizer_t *t, const char *text, size_t len, bool add_special_tokens,
+                             int32_t **ids, char *err) {
     if (ids) *ids = NULL;
     if (!t || !ids || (!text && len)) return err_set(err, "tokenizer_encode: bad arguments");
+    // Pieces address their text with 32-bit offsets, and pre-tokenizers may quadruple it.
+    if (len > TOKENIZER_MAX_TEXT)
+        return err_set(err, "text of %zu bytes is too long to encode at once (limit %d MiB)", len,
+                       TOKENIZER_MAX_TEXT >> 20);
+    size_t bad;
+    if (!tok_utf8_valid(text, len, &bad))
+        return err_set(err, "text is not valid UTF-8: byte 0x%02X at offset %zu", (uint8_t)text[bad], bad);
     int rc = -1;
-    tokenizer_spans_t pieces = {0}, pieces2 = {0}, words = {0};
-    tokenizer_work_t work = {0};
+    tokenizer_spans_t raw = {0}, norm_spans = {0};
+    tokenizer_work_t bw = {0};
     tokenizer_ids_t out = {0};
-    tokenizer_split_added(t, text, 0, len, 0, &pieces);
-    for (size_t i = 0; i < pieces.n; i++) {
-        if (pieces.v[i].id >= 0)
-            tokenizer_spans_push(&pieces2, pieces.v[i].off, pieces.v[i].len, pieces.v[i].id);
-        else
-            tokenizer_split_added(t, text, pieces.v[i].off, pieces.v[i].len, 1, &pieces2);
-    }
-    for (size_t i = 0; i < pieces2.n; i++) {
-        const tokenizer_span_t *p = &pieces2.v[i];
-        if (p->id >= 0) {
-            tokenizer_ids_push(&out, p->id);
+    tok_work_t w = {0};
+    tok_buf_t norm = {0}, arena = {0};
+    tok_pieces_t pieces = {0};
+    tokenizer_split_added(t, text, 0, len, 0, &raw);
+    for (size_t i = 0; i < raw.n; i++) {
+        const tokenizer_span_t *r = &raw.v[i];
+        if (r->id >= 0) {
+            tokenizer_ids_push(&out, r->id);
             continue;
         }
-        tokenizer_pretokenize(t, text, p->off, p->len, &words);
-        for (size_t j = 0; j < words.n; j++)
-            if (tokenizer_bpe_word(t, text, words.v[j].off, words.v[j].len, &work, &out, err) != 0) goto fail;
+        const char *s = text + r->off;
+        size_t n = r->len;
+        if (t->normalizer) {
+            if (tok_norm_apply(t->normalizer, s, n, &norm, &w, err) != 0) goto fail;
+            s = norm.p;
+            n = norm.n;
+        }
+        norm_spans.n = 0;
+        tokenizer_split_added(t, s, 0, n, 1, &norm_spans);
+        for (size_t j = 0; j < norm_spans.n; j++) {
+            const tokenizer_span_t *q = &norm_spans.v[j];
+            if (q->id >= 0) {
+                tokenizer_ids_push(&out, q->id);
+                continue;
+            }
+            arena.n = 0;
+            tok_buf_add(&arena, s + q->off, q->len);
+            pieces.n = 0;
+            tok_pieces_push(&pieces, 0, q->len, r->off == 0 && q->off == 0);
+            if (t->pretok && tok_pretok_apply(t->pretok, &arena, &pieces, &w, err) != 0) goto fail;
+            for (size_t k = 0; k < pieces.n; k++)
+                if (tokenizer_bpe_word(t, arena.p + pieces.v[k].off, pieces.v[k].len, &bw, &out, err) != 0) goto fail;
+        }
     }
+    if (add_special_tokens) tokenizer_post_process(t, &out);
     if (out.n > INT32_MAX) {
         err_set(err, "text encodes to more than %d tokens", INT32_MAX);
         goto fail;
@@ -629,21 +839,33 @@ int tokenizer_encode(const tokenizer_t *t, const char *text, size_t len, int32_t
     out.v = NULL;
 fail:
     free(out.v);
-    free(pieces.v);
-    free(pieces2.v);
-    free(words.v);
-    free(work.sym);
-    free(work.heap);
+    free(raw.v);
+    free(norm_spans.v);
+    free(bw.sym);
+    free(bw.heap);
+    tok_buf_free(&bw.affixed);
+    tok_work_free(&w);
+    tok_buf_free(&norm);
+    tok_buf_free(&arena);
+    tok_pieces_free(&pieces);
     return rc;
+}
+
+int tokenizer_encode(const tokenizer_t *t, const char *text, size_t len, int32_t **ids, char *err) {
+    return tokenizer_encode_special(t, text, len, false, ids, err);
 }
 
 // ---------------------------------------------------------------------------------------
 // Decoding and queries
 
+const char *tokenizer_token_bytes(const tokenizer_t *t, int32_t id, size_t *len) {
+    if (!t || id < 0 || id >= t->n_ids || !(t->tok[id].flags & TOKENIZER_F_USED)) return NULL;
+    if (len) *len = t->dtext_off[id + 1] - t->dtext_off[id] - 1;
+    return t->dtext.p + t->dtext_off[id];
+}
+
 const char *tokenizer_token_text(const tokenizer_t *t, int32_t id) {
-    if (!t || id < 0 || id >= t->n_ids) return NULL;
-    const tokenizer_token_t *k = &t->tok[id];
-    return t->decode_bytes && k->byte >= 0 ? k->byte_text : k->text;
+    return tokenizer_token_bytes(t, id, NULL);
 }
 
 char *tokenizer_decode(const tokenizer_t *t, const int32_t *ids, int n, bool skip_special, char *err) {
@@ -651,28 +873,38 @@ char *tokenizer_decode(const tokenizer_t *t, const int32_t *ids, int n, bool ski
         err_set(err, "tokenizer_decode: bad arguments");
         return NULL;
     }
-    size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= t->n_ids || !t->tok[ids[i]].text) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= t->n_ids || !(t->tok[ids[i]].flags & TOKENIZER_F_USED)) {
             err_set(err, "cannot decode id %d at position %d: not a token (vocab size %d)", ids[i], i, t->n_ids);
             return NULL;
         }
-        const tokenizer_token_t *k = &t->tok[ids[i]];
-        total += t->decode_bytes && k->byte >= 0 ? 1 : k->len;
-    }
-    char *s = xmalloc(total + 1), *o = s;
+    tok_buf_t out = {0}, arena = {0};
+    tok_pieces_t toks = {0};
+    tok_work_t w = {0};
     for (int i = 0; i < n; i++) {
         const tokenizer_token_t *k = &t->tok[ids[i]];
         if (skip_special && (k->flags & TOKENIZER_F_SPECIAL)) continue;
-        if (t->decode_bytes && k->byte >= 0) {
-            *o++ = (char)k->byte;
-        } else {
-            memcpy(o, k->text, k->len);
-            o += k->len;
+        tok_pieces_push(&toks, arena.n, k->len, false);
+        tok_buf_add(&arena, tokenizer_text(t, ids[i]), k->len);
+    }
+    char *res = NULL;
+    if (t->decoder) {
+        if (tok_decoder_run(t->decoder, &arena, &toks, &out, &w, err) != 0) goto done;
+    } else {
+        for (size_t i = 0; i < toks.n; i++) {
+            if (i) tok_buf_addc(&out, ' ');
+            tok_buf_add(&out, arena.p + toks.v[i].off, toks.v[i].len);
         }
     }
-    *o = 0;
-    return s;
+    tok_buf_addc(&out, 0);
+    res = out.p;
+    out.p = NULL;
+done:
+    tok_buf_free(&out);
+    tok_buf_free(&arena);
+    tok_pieces_free(&toks);
+    tok_work_free(&w);
+    return res;
 }
 
 int tokenizer_vocab_size(const tokenizer_t *t) {
@@ -688,70 +920,175 @@ bool tokenizer_is_special(const tokenizer_t *t, int32_t id) {
     return t && id >= 0 && id < t->n_ids && (t->tok[id].flags & TOKENIZER_F_SPECIAL);
 }
 
+int32_t tokenizer_bos_id(const tokenizer_t *t) {
+    return t ? t->bos_id : -1;
+}
+
+int32_t tokenizer_eos_id(const tokenizer_t *t) {
+    return t ? t->eos_id : -1;
+}
+
 // ---------------------------------------------------------------------------------------
 // Parsing tokenizer.json
 
-static int tokenizer_json_bool(const cJSON *obj, const char *key, bool dflt, bool *out, const char *where,
-                               char *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!v || cJSON_IsNull(v)) {
-        *out = dflt;
+static int tokenizer_json_id(const cJSON *v, const char *what, const char *name, int64_t *out, char *err) {
+    double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    if (d >= 0 && d < TOKENIZER_MAX_IDS && d == (double)(int64_t)d) {
+        *out = (int64_t)d;
         return 0;
     }
-    if (!cJSON_IsBool(v)) return err_set(err, "%s.%s must be true or false", where, key);
-    *out = cJSON_IsTrue(v);
-    return 0;
-}
-
-static int tokenizer_json_id(const cJSON *v, const char *what, const char *name, int64_t *out, char *err) {
     char sn[64];
     tokenizer_show(name, strlen(name), sn, sizeof sn);
     if (!cJSON_IsNumber(v)) return err_set(err, "%s '%s': id is not a number", what, sn);
-    double d = v->valuedouble;
+    d = v->valuedouble;
     if (!(d >= 0 && d < TOKENIZER_MAX_IDS))
         return err_set(err, "%s '%s': id %g out of range (0..%d)", what, sn, d, TOKENIZER_MAX_IDS - 1);
-    if (d != (double)(int64_t)d) return err_set(err, "%s '%s': id %g is not an integer", what, sn, d);
-    *out = (int64_t)d;
+    return err_set(err, "%s '%s': id %g is not an integer", what, sn, d);
+}
+
+// One template item: {"SpecialToken": {"id", "type_id"}} or {"Sequence": {"id", "type_id"}}.
+static int tokenizer_parse_item(tokenizer_t *t, const cJSON *it, const cJSON *specials, const char *where,
+                                bool single, tokenizer_item_t *out, char *err) {
+    static const char *const k_item[] = {"SpecialToken", "Sequence", NULL};
+    static const char *const k_ref[] = {"id", "type_id", NULL};
+    if (!cJSON_IsObject(it) || cJSON_GetArraySize(it) != 1)
+        return err_set(err, "%s must be {\"SpecialToken\": ...} or {\"Sequence\": ...}", where);
+    if (tok_json_keys(it, where, "template item", k_item, err) != 0) return -1;
+    const cJSON *ref = it->child;
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(ref, "id");
+    if (!cJSON_IsObject(ref) || !cJSON_IsString(id))
+        return err_set(err, "%s.%s must be an object with a string \"id\" (and \"type_id\")", where, ref->string);
+    if (tok_json_keys(ref, where, ref->string, k_ref, err) != 0) return -1;
+    if (!strcmp(ref->string, "Sequence")) {
+        if (strcmp(id->valuestring, "A") && strcmp(id->valuestring, "B"))
+            return err_set(err, "%s: Sequence id must be A or B", where);
+        if (single && strcmp(id->valuestring, "A"))
+            return err_set(err, "%s: the single template refers to the second sequence B", where);
+        out->text = true;
+        return 0;
+    }
+    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(specials, id->valuestring);
+    if (!sp) return err_set(err, "%s: special token \"%.40s\" is not in special_tokens", where, id->valuestring);
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(sp, "ids"), *v;
+    if (!cJSON_IsArray(ids))
+        return err_set(err, "%s: special_tokens[\"%.40s\"] needs an \"ids\" array", where, id->valuestring);
+    out->ids = xcalloc((size_t)cJSON_GetArraySize(ids) + 1, sizeof *out->ids);
+    cJSON_ArrayForEach(v, ids) {
+        int64_t x;
+        if (tokenizer_json_id(v, "special token", id->valuestring, &x, err) != 0) return -1;
+        if (x >= t->n_ids || !(t->tok[x].flags & TOKENIZER_F_USED))
+            return err_set(err, "%s: special token \"%.40s\" has id %lld, which is no token", where, id->valuestring,
+                           (long long)x);
+        out->ids[out->n++] = (int32_t)x;
+    }
     return 0;
 }
 
-// A component we do not implement must be absent or null.
-static int tokenizer_json_unsupported(const cJSON *root, const char *key, char *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!v || cJSON_IsNull(v)) return 0;
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "type");
-    if (cJSON_IsObject(v) && cJSON_IsString(type))
-        return err_set(err, "%s %s not supported yet", key, type->valuestring);
-    return err_set(err, "%s must be null or an object with a string \"type\"", key);
+static int tokenizer_parse_template(tokenizer_t *t, const cJSON *j, const char *where, char *err) {
+    static const char *const k[] = {"type", "single", "pair", "special_tokens", NULL};
+    static const char *const k_sp[] = {"id", "ids", "tokens", NULL};
+    if (tok_json_keys(j, where, "TemplateProcessing", k, err) != 0) return -1;
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(j, "single");
+    const cJSON *pair = cJSON_GetObjectItemCaseSensitive(j, "pair");
+    const cJSON *specials = cJSON_GetObjectItemCaseSensitive(j, "special_tokens"), *it;
+    if (!cJSON_IsArray(single))
+        return err_set(err, "%s (TemplateProcessing) needs a \"single\" array of items", where);
+    if (pair && !cJSON_IsNull(pair) && !cJSON_IsArray(pair))
+        return err_set(err, "%s (TemplateProcessing): \"pair\" must be an array of items", where);
+    if (specials && !cJSON_IsNull(specials) && !cJSON_IsObject(specials))
+        return err_set(err, "%s (TemplateProcessing): \"special_tokens\" must be an object", where);
+    char sub[200];
+    cJSON_ArrayForEach(it, specials) {
+        tok_where(sub, sizeof sub, where, "special_tokens", 0);
+        if (!cJSON_IsObject(it) || tok_json_keys(it, sub, it->string, k_sp, err) != 0)
+            return err_set(err, "%s.special_tokens[\"%.40s\"] must be {\"id\", \"ids\", \"tokens\"}", where,
+                           it->string);
+    }
+    t->post = xrealloc(t->post, ((size_t)t->n_post + 1) * sizeof *t->post);
+    tokenizer_template_t *tp = &t->post[t->n_post++];
+    *tp = (tokenizer_template_t){xcalloc((size_t)cJSON_GetArraySize(single) + 1, sizeof *tp->items), 0};
+    char base[160];
+    tok_where(base, sizeof base, where, "single", 0);
+    cJSON_ArrayForEach(it, single) {
+        tokenizer_item_t *item = &tp->items[tp->n++];
+        if (tokenizer_parse_item(t, it, specials, tok_where(sub, sizeof sub, base, NULL, tp->n - 1), true, item, err))
+            return -1;
+    }
+    // The pair template is not used (one text at a time), but must be well-formed.
+    tok_where(base, sizeof base, where, "pair", 0);
+    int idx = 0;
+    cJSON_ArrayForEach(it, pair) {
+        tokenizer_item_t item = {0};
+        int rc = tokenizer_parse_item(t, it, specials, tok_where(sub, sizeof sub, base, NULL, idx++), false, &item, err);
+        free(item.ids);
+        if (rc) return -1;
+    }
+    // The first token added before the text, and the first after it.
+    if (t->n_post == 1) {
+        bool after = false;
+        for (int i = 0; i < tp->n; i++) {
+            if (tp->items[i].text) {
+                after = true;
+            } else if (tp->items[i].n > 0) {
+                int32_t *slot = after ? &t->eos_id : &t->bos_id;
+                if (*slot < 0) *slot = tp->items[i].ids[0];
+            }
+        }
+    }
+    return 0;
 }
 
-static int tokenizer_json_decoder(const cJSON *d, int depth, bool *byte_fallback, char *err) {
-    if (!d || cJSON_IsNull(d)) return 0;
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(d, "type");
-    if (!cJSON_IsObject(d) || !cJSON_IsString(type))
-        return err_set(err, "decoder must be null or an object with a string \"type\"");
+static int tokenizer_parse_post(tokenizer_t *t, const cJSON *j, const char *where, int depth, char *err) {
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
+    if (!cJSON_IsObject(j) || !cJSON_IsString(type))
+        return err_set(err, "%s must be null or an object with a string \"type\"", where);
+    if (depth >= TOK_MAX_DEPTH) return err_set(err, "%s: post-processors nested more than %d deep", where, TOK_MAX_DEPTH);
     const char *ty = type->valuestring;
-    if (strcmp(ty, "ByteFallback") == 0) {
-        *byte_fallback = true;
-        return 0;
+    if (!strcmp(ty, "TemplateProcessing")) return tokenizer_parse_template(t, j, where, err);
+    if (!strcmp(ty, "ByteLevel")) {
+        // It only trims offsets, which we do not report: the ids are untouched.
+        static const char *const k[] = {"type", "add_prefix_space", "trim_offsets", "use_regex", NULL};
+        return tok_json_keys(j, where, ty, k, err);
     }
-    if (strcmp(ty, "Fuse") == 0) return 0;
-    if (strcmp(ty, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(d, "decoders"), *it;
-        if (!cJSON_IsArray(list)) return err_set(err, "decoder Sequence needs a \"decoders\" array");
-        if (depth >= TOKENIZER_DECODER_DEPTH) return err_set(err, "decoder Sequence nested too deeply");
+    if (!strcmp(ty, "Sequence")) {
+        static const char *const k[] = {"type", "processors", NULL};
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "processors"), *it;
+        if (tok_json_keys(j, where, ty, k, err) != 0) return -1;
+        if (!cJSON_IsArray(list)) return err_set(err, "%s (Sequence) needs a \"processors\" array", where);
+        char base[160], sub[200];
+        tok_where(base, sizeof base, where, "processors", 0);
+        int i = 0;
         cJSON_ArrayForEach(it, list) {
-            if (tokenizer_json_decoder(it, depth + 1, byte_fallback, err) != 0) return -1;
+            if (tokenizer_parse_post(t, it, tok_where(sub, sizeof sub, base, NULL, i++), depth + 1, err) != 0)
+                return -1;
         }
         return 0;
     }
-    return err_set(err, "decoder %s not supported yet", ty);
+    return err_set(err, "%s: post-processor %.40s is not supported (supported: TemplateProcessing, ByteLevel, "
+                        "Sequence)",
+                   where, ty);
 }
 
-static int tokenizer_json_affix(const cJSON *model, const char *key, char *err) {
+static int tokenizer_json_affix(const cJSON *model, const char *key, char **out, size_t *len, char *err) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, key);
-    if (!v || cJSON_IsNull(v) || (cJSON_IsString(v) && v->valuestring[0] == 0)) return 0;
-    return err_set(err, "model.%s is not supported yet (must be null)", key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsString(v)) return err_set(err, "model.%s must be a string or null", key);
+    size_t n = strlen(v->valuestring);
+    if (!tok_utf8_valid(v->valuestring, n, NULL)) return err_set(err, "model.%s is not valid UTF-8", key);
+    if (n) {
+        *out = xstrdup(v->valuestring);
+        *len = n;
+    }
+    return 0;
+}
+
+// A component as the file has it: NULL when absent or null, else a copy kept for save.
+static int tokenizer_keep(const cJSON *root, const char *key, cJSON **out, char *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    *out = cJSON_Duplicate(v, true);
+    if (!*out) return err_set(err, "out of memory copying %s", key);
+    return 0;
 }
 
 tokenizer_t *tokenizer_parse(const char *json, size_t len, char *err) {
@@ -776,11 +1113,18 @@ tokenizer_t *tokenizer_parse(const char *json, size_t len, char *err) {
         err_set(err, "tokenizer.json must be a JSON object");
         goto fail;
     }
-    if (tokenizer_json_unsupported(root, "normalizer", err) != 0) goto fail;
-    if (tokenizer_json_unsupported(root, "pre_tokenizer", err) != 0) goto fail;
-    bool decoder_bytes = false;
-    const cJSON *decoder = cJSON_GetObjectItemCaseSensitive(root, "decoder");
-    if (tokenizer_json_decoder(decoder, 0, &decoder_bytes, err) != 0) goto fail;
+    static const char *const k_root[] = {"version", "truncation", "padding", "added_tokens", "normalizer",
+                                         "pre_tokenizer", "post_processor", "decoder", "model", NULL};
+    if (tok_json_keys(root, "tokenizer.json", "top level", k_root, err) != 0) goto fail;
+    // Truncation and padding change the ids HF's encode returns; we do neither.
+    for (int i = 0; i < 2; i++) {
+        const char *key = i ? "padding" : "truncation";
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+        if (v && !cJSON_IsNull(v)) {
+            err_set(err, "%s is not supported (must be null): it would change the ids of encode", key);
+            goto fail;
+        }
+    }
 
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!cJSON_IsObject(model)) {
@@ -797,13 +1141,17 @@ tokenizer_t *tokenizer_parse(const char *json, size_t len, char *err) {
             goto fail;
         }
         if (strcmp(type->valuestring, "BPE") != 0) {
-            err_set(err, "model type %s not supported (only BPE)", type->valuestring);
+            err_set(err, "model: model type %.40s is not supported (only BPE)", type->valuestring);
             goto fail;
         }
     } else if (!merges) {
         err_set(err, "model has no type and no merges; only BPE is supported");
         goto fail;
     }
+    static const char *const k_model[] = {"type", "dropout", "unk_token", "continuing_subword_prefix",
+                                          "end_of_word_suffix", "fuse_unk", "byte_fallback", "ignore_merges",
+                                          "vocab", "merges", NULL};
+    if (tok_json_keys(model, "model", "BPE", k_model, err) != 0) goto fail;
     if (!cJSON_IsObject(vocab)) {
         err_set(err, "model.vocab must be an object {token: id}");
         goto fail;
@@ -812,17 +1160,15 @@ tokenizer_t *tokenizer_parse(const char *json, size_t len, char *err) {
         err_set(err, "model.merges must be an array");
         goto fail;
     }
-    if (tokenizer_json_affix(model, "continuing_subword_prefix", err) != 0) goto fail;
-    if (tokenizer_json_affix(model, "end_of_word_suffix", err) != 0) goto fail;
     const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
-    if (dropout && !cJSON_IsNull(dropout) && !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0)) {
-        err_set(err, "model.dropout is not supported (must be null)");
+    if (dropout && !cJSON_IsNull(dropout)) {
+        err_set(err, "model.dropout is not supported (must be null): it makes encoding random");
         goto fail;
     }
     bool byte_fallback, fuse_unk, ignore_merges;
-    if (tokenizer_json_bool(model, "byte_fallback", false, &byte_fallback, "model", err) != 0 ||
-        tokenizer_json_bool(model, "fuse_unk", false, &fuse_unk, "model", err) != 0 ||
-        tokenizer_json_bool(model, "ignore_merges", false, &ignore_merges, "model", err) != 0)
+    if (tok_json_bool(model, "byte_fallback", false, &byte_fallback, "model", err) != 0 ||
+        tok_json_bool(model, "fuse_unk", false, &fuse_unk, "model", err) != 0 ||
+        tok_json_bool(model, "ignore_merges", false, &ignore_merges, "model", err) != 0)
         goto fail;
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
     if (unk && !cJSON_IsNull(unk) && !cJSON_IsString(unk)) {
@@ -857,10 +1203,15 @@ tokenizer_t *tokenizer_parse(const char *json, size_t len, char *err) {
     }
     int n_merges = cJSON_GetArraySize(merges);
     t = tokenizer_alloc((int32_t)(max_id + 1), n_merges);
+    // The token strings cannot be longer than the file: one reservation, no copying as it grows
+    // (pages never written are never touched).
+    tok_buf_reserve(&t->text, len + 1);
     t->byte_fallback = byte_fallback;
     t->fuse_unk = fuse_unk;
     t->ignore_merges = ignore_merges;
-    t->decode_bytes = byte_fallback || decoder_bytes;
+    if (tokenizer_json_affix(model, "continuing_subword_prefix", &t->prefix, &t->prefix_len, err) != 0 ||
+        tokenizer_json_affix(model, "end_of_word_suffix", &t->suffix, &t->suffix_len, err) != 0)
+        goto fail;
 
     cJSON_ArrayForEach(it, vocab) {
         tokenizer_json_id(it, "vocab token", it->string, &id, err);
@@ -868,25 +1219,23 @@ tokenizer_t *tokenizer_parse(const char *json, size_t len, char *err) {
     }
     idx = 0;
     cJSON_ArrayForEach(it, added) {
+        static const char *const k_added[] = {"id", "content", "single_word", "lstrip", "rstrip", "normalized",
+                                              "special", NULL};
         const char *content = cJSON_GetObjectItemCaseSensitive(it, "content")->valuestring;
         tokenizer_json_id(cJSON_GetObjectItemCaseSensitive(it, "id"), "added token", content, &id, err);
         bool special, lstrip, rstrip, single_word, normalized;
         char where[32];
         snprintf(where, sizeof where, "added_tokens[%d]", idx++);
-        if (tokenizer_json_bool(it, "special", false, &special, where, err) != 0 ||
-            tokenizer_json_bool(it, "lstrip", false, &lstrip, where, err) != 0 ||
-            tokenizer_json_bool(it, "rstrip", false, &rstrip, where, err) != 0 ||
-            tokenizer_json_bool(it, "single_word", false, &single_word, where, err) != 0 ||
-            tokenizer_json_bool(it, "normalized", !special, &normalized, where, err) != 0)
+        if (tok_json_keys(it, where, "added token", k_added, err) != 0 ||
+            tok_json_bool(it, "special", false, &special, where, err) != 0 ||
+            tok_json_bool(it, "lstrip", false, &lstrip, where, err) != 0 ||
+            tok_json_bool(it, "rstrip", false, &rstrip, where, err) != 0 ||
+            tok_json_bool(it, "single_word", false, &single_word, where, err) != 0 ||
+            tok_json_bool(it, "normalized", !special, &normalized, where, err) != 0)
             goto fail;
-        if (single_word) {
-            char sc[64];
-            err_set(err, "added token '%s': single_word is not supported yet",
-                    tokenizer_show(content, strlen(content), sc, sizeof sc));
-            goto fail;
-        }
         uint8_t flags = TOKENIZER_F_ADDED | (special ? TOKENIZER_F_SPECIAL : 0) | (lstrip ? TOKENIZER_F_LSTRIP : 0) |
-                        (rstrip ? TOKENIZER_F_RSTRIP : 0) | (normalized ? TOKENIZER_F_NORMALIZED : 0);
+                        (rstrip ? TOKENIZER_F_RSTRIP : 0) | (normalized ? TOKENIZER_F_NORMALIZED : 0) |
+                        (single_word ? TOKENIZER_F_SINGLE_WORD : 0);
         if (tokenizer_set_token(t, id, content, strlen(content), flags, err) != 0) goto fail;
     }
     idx = 0;
@@ -898,10 +1247,10 @@ tokenizer_t *tokenizer_parse(const char *json, size_t len, char *err) {
             if (tokenizer_split_merge(t, it->valuestring, &split, err) != 0) goto fail;
             a = it->valuestring, an = split;
             b = it->valuestring + split + 1, bn = strlen(b);
-        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
-                   cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
-            a = cJSON_GetArrayItem(it, 0)->valuestring, an = strlen(a);
-            b = cJSON_GetArrayItem(it, 1)->valuestring, bn = strlen(b);
+        } else if (cJSON_IsArray(it) && cJSON_IsString(it->child) && cJSON_IsString(it->child->next) &&
+                   !it->child->next->next) {
+            a = it->child->valuestring, an = strlen(a);
+            b = it->child->next->valuestring, bn = strlen(b);
         } else {
             err_set(err, "merges[%d] must be \"a b\" or [\"a\", \"b\"]", idx);
             goto fail;
@@ -919,14 +1268,24 @@ tokenizer_t *tokenizer_parse(const char *json, size_t len, char *err) {
             goto fail;
         }
     }
-    if (tokenizer_finish(t, err) != 0) goto fail;
-    if (decoder && !cJSON_IsNull(decoder)) t->decoder = cJSON_Duplicate(decoder, true);
-    const cJSON *post = cJSON_GetObjectItemCaseSensitive(root, "post_processor");
-    if (post && !cJSON_IsNull(post)) t->post_processor = cJSON_Duplicate(post, true);
-    if ((decoder && !cJSON_IsNull(decoder) && !t->decoder) || (post && !cJSON_IsNull(post) && !t->post_processor)) {
-        err_set(err, "out of memory copying decoder/post_processor");
+
+    const cJSON *c;
+    if ((c = cJSON_GetObjectItemCaseSensitive(root, "normalizer")) && !cJSON_IsNull(c) &&
+        !(t->normalizer = tok_norm_parse(c, "normalizer", 0, err)))
         goto fail;
-    }
+    if ((c = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer")) && !cJSON_IsNull(c) &&
+        !(t->pretok = tok_pretok_parse(c, "pre_tokenizer", 0, err)))
+        goto fail;
+    if ((c = cJSON_GetObjectItemCaseSensitive(root, "decoder")) && !cJSON_IsNull(c) &&
+        !(t->decoder = tok_decoder_parse(c, "decoder", 0, err)))
+        goto fail;
+    if ((c = cJSON_GetObjectItemCaseSensitive(root, "post_processor")) && !cJSON_IsNull(c) &&
+        tokenizer_parse_post(t, c, "post_processor", 0, err) != 0)
+        goto fail;
+    if (tokenizer_keep(root, "normalizer", &t->j_normalizer, err) || tokenizer_keep(root, "pre_tokenizer", &t->j_pretok, err) ||
+        tokenizer_keep(root, "post_processor", &t->j_post, err) || tokenizer_keep(root, "decoder", &t->j_decoder, err))
+        goto fail;
+    if (tokenizer_finish(t, err) != 0) goto fail;
     cJSON_Delete(root);
     return t;
 fail:
@@ -986,14 +1345,15 @@ tokenizer_t *tokenizer_build(const char *const *vocab, int n_vocab, const char *
         if (tokenizer_add_merge(t, merges[i], split, b, strlen(b), i, err) != 0) goto fail;
     }
     t->n_merges = n_merges;
-    if (tokenizer_finish(t, err) != 0) goto fail;
-    // A Fuse decoder makes Hugging Face's libraries join tokens without spaces, as ours does
-    // (with no decoder they join with " ").
-    t->decoder = cJSON_CreateObject();
-    if (!t->decoder || !cJSON_AddStringToObject(t->decoder, "type", "Fuse")) {
+    // A Fuse decoder: HF's libraries then join tokens without spaces (with no decoder they
+    // join with " ").
+    t->j_decoder = cJSON_CreateObject();
+    if (!t->j_decoder || !cJSON_AddStringToObject(t->j_decoder, "type", "Fuse")) {
         err_set(err, "out of memory building the decoder");
         goto fail;
     }
+    if (!(t->decoder = tok_decoder_parse(t->j_decoder, "decoder", 0, err))) goto fail;
+    if (tokenizer_finish(t, err) != 0) goto fail;
     return t;
 fail:
     tokenizer_destroy(&t);
@@ -1017,6 +1377,10 @@ static bool tokenizer_add_copy(cJSON *o, const char *key, const cJSON *v) {
     return true;
 }
 
+static bool tokenizer_add_str_or_null(cJSON *o, const char *key, const char *s) {
+    return s ? cJSON_AddStringToObject(o, key, s) != NULL : cJSON_AddNullToObject(o, key) != NULL;
+}
+
 static cJSON *tokenizer_to_json(const tokenizer_t *t) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return NULL;
@@ -1033,37 +1397,35 @@ static cJSON *tokenizer_to_json(const tokenizer_t *t) {
             cJSON_Delete(a);
             break;
         }
-        ok = cJSON_AddNumberToObject(a, "id", i) && cJSON_AddStringToObject(a, "content", k->text) &&
-             tokenizer_add_bool(a, "single_word", false) &&
+        ok = cJSON_AddNumberToObject(a, "id", i) && cJSON_AddStringToObject(a, "content", tokenizer_text(t, i)) &&
+             tokenizer_add_bool(a, "single_word", k->flags & TOKENIZER_F_SINGLE_WORD) &&
              tokenizer_add_bool(a, "lstrip", k->flags & TOKENIZER_F_LSTRIP) &&
              tokenizer_add_bool(a, "rstrip", k->flags & TOKENIZER_F_RSTRIP) &&
              tokenizer_add_bool(a, "normalized", k->flags & TOKENIZER_F_NORMALIZED) &&
              tokenizer_add_bool(a, "special", k->flags & TOKENIZER_F_SPECIAL);
     }
-    ok = ok && cJSON_AddNullToObject(root, "normalizer") && cJSON_AddNullToObject(root, "pre_tokenizer") &&
-         tokenizer_add_copy(root, "post_processor", t->post_processor) &&
-         tokenizer_add_copy(root, "decoder", t->decoder);
+    ok = ok && tokenizer_add_copy(root, "normalizer", t->j_normalizer) &&
+         tokenizer_add_copy(root, "pre_tokenizer", t->j_pretok) &&
+         tokenizer_add_copy(root, "post_processor", t->j_post) && tokenizer_add_copy(root, "decoder", t->j_decoder);
     cJSON *model = ok ? cJSON_AddObjectToObject(root, "model") : NULL;
-    ok = ok && model && cJSON_AddStringToObject(model, "type", "BPE") && cJSON_AddNullToObject(model, "dropout");
-    if (ok && t->unk_id >= 0)
-        ok = cJSON_AddStringToObject(model, "unk_token", t->tok[t->unk_id].text) != NULL;
-    else if (ok)
-        ok = cJSON_AddNullToObject(model, "unk_token") != NULL;
-    ok = ok && cJSON_AddNullToObject(model, "continuing_subword_prefix") &&
-         cJSON_AddNullToObject(model, "end_of_word_suffix") && tokenizer_add_bool(model, "fuse_unk", t->fuse_unk) &&
+    ok = ok && model && cJSON_AddStringToObject(model, "type", "BPE") && cJSON_AddNullToObject(model, "dropout") &&
+         tokenizer_add_str_or_null(model, "unk_token", t->unk_id >= 0 ? tokenizer_text(t, t->unk_id) : NULL) &&
+         tokenizer_add_str_or_null(model, "continuing_subword_prefix", t->prefix) &&
+         tokenizer_add_str_or_null(model, "end_of_word_suffix", t->suffix) &&
+         tokenizer_add_bool(model, "fuse_unk", t->fuse_unk) &&
          tokenizer_add_bool(model, "byte_fallback", t->byte_fallback) &&
          tokenizer_add_bool(model, "ignore_merges", t->ignore_merges);
     cJSON *vocab = ok ? cJSON_AddObjectToObject(model, "vocab") : NULL;
     ok = ok && vocab;
     for (int32_t i = 0; ok && i < t->n_ids; i++)
-        if (t->tok[i].flags & TOKENIZER_F_VOCAB) ok = cJSON_AddNumberToObject(vocab, t->tok[i].text, i) != NULL;
+        if (t->tok[i].flags & TOKENIZER_F_VOCAB) ok = cJSON_AddNumberToObject(vocab, tokenizer_text(t, i), i) != NULL;
     cJSON *merges = ok ? cJSON_AddArrayToObject(model, "merges") : NULL;
     ok = ok && merges;
     for (int32_t r = 0; ok && r < t->n_merges; r++) {
         const tokenizer_merge_t *m = &t->merges[r];
         const tokenizer_pair_slot_t *p = tokenizer_find_pair(t, m->left, m->right);
         if (!p || p->rank != r) continue;  // overridden by a later duplicate
-        const char *pair[2] = {t->tok[m->left].text, t->tok[m->right].text};
+        const char *pair[2] = {tokenizer_text(t, m->left), tokenizer_text(t, m->right)};
         cJSON *a = cJSON_CreateStringArray(pair, 2);
         ok = a && cJSON_AddItemToArray(merges, a);
         if (!ok) cJSON_Delete(a);
