@@ -221,21 +221,23 @@ static void push_token(gen_t *g, req_t *q, sample_t *s, int32_t t, float lp) {
             return;
         }
     if (q->r.n_stop_strings) {
-        char err[ERR_LEN];
-        char *piece = tokenizer_decode(g->tok, &t, 1, true, err);
-        size_t pl = piece ? strlen(piece) : 0;
+        // the token's bytes (a byte-level token may hold part of a character: the text is
+        // matched as bytes, so a stop string is found once all of its bytes are out); special
+        // tokens are left out, as in the decoded text
+        size_t pl = 0;
+        const char *piece = tokenizer_is_special(g->tok, t) ? NULL : tokenizer_token_bytes(g->tok, t, &pl);
+        if (!piece) pl = 0;
         if (s->tlen + pl + 1 > s->tcap) {
             s->tcap = 2 * (s->tlen + pl + 1);
             s->text = xrealloc(s->text, s->tcap);
         }
-        memcpy(s->text + s->tlen, piece ? piece : "", pl);
+        if (pl) memcpy(s->text + s->tlen, piece, pl);
         s->tlen += pl;
         s->text[s->tlen] = 0;
-        free(piece);
         for (int i = 0; i < q->r.n_stop_strings; i++) {
             size_t sl = strlen(q->stops[i]);
             size_t from = s->tlen > sl + pl ? s->tlen - sl - pl : 0;
-            if (strstr(s->text + from, q->stops[i])) {
+            if (memmem(s->text + from, s->tlen - from, q->stops[i], sl)) {
                 s->stop_hit = i;
                 finish_sample(g, q, s, GEN_FINISH_STOP);
                 return;
