@@ -349,7 +349,8 @@ static void cpu_glu(float *h, const float *g, const float *u, size_t n, kern_act
     }
 }
 
-// act'(x): silu s + x s (1 - s); gelu Phi(x) + x phi(x); gelu_tanh 0.5 (1 + t) + 0.5 x (1 - t^2) beta (1 + 3 kappa x^2).
+// act'(x): silu s + x s (1 - s); gelu Phi(x) + x phi(x); gelu_tanh 0.5 (1 + t) + 0.5 x sech^2(z) beta (1 + 3 kappa x^2)
+// with z the tanh argument and t = tanh(z).
 static void cpu_glu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n, kern_act_t act) {
     if (act == KERN_ACT_GELU) {
 #pragma omp parallel for schedule(static) if (n > 65536)
@@ -363,9 +364,11 @@ static void cpu_glu_bwd(float *dg, float *du, const float *dh, const float *g, c
 #pragma omp parallel for schedule(static) if (n > 65536)
         for (size_t i = 0; i < n; i++) {
             float x = g[i], d = dh[i], x2 = x * x;
-            float t = tanhf(GELU_TANH_BETA * (x + GELU_TANH_KAPPA * (x2 * x)));
+            float z = GELU_TANH_BETA * (x + GELU_TANH_KAPPA * (x2 * x)), t = tanhf(z), c = coshf(z);
+            // 1 - t^2 as 1 / cosh^2: no cancellation where t is near +-1 (0 once cosh^2 overflows)
+            float sech2 = 1.0f / (c * c);
             du[i] = d * (0.5f * x * (1.0f + t));
-            float dact = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_TANH_BETA * (1.0f + 3.0f * GELU_TANH_KAPPA * x2);
+            float dact = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_TANH_BETA * (1.0f + 3.0f * GELU_TANH_KAPPA * x2);
             dg[i] = d * u[i] * dact;
         }
     } else {

@@ -723,9 +723,10 @@ __global__ void k_glu_bwd(float *dg, float *du, const float *dh, const float *gg
             dg[i] = d * u[i] * (cdf + x * pdf);
         } else if (act == KERN_ACT_GELU_TANH) {
             float x2 = x * x;
-            float t = tanhf(GELU_TANH_BETA * (x + GELU_TANH_KAPPA * (x2 * x)));
+            float z = GELU_TANH_BETA * (x + GELU_TANH_KAPPA * (x2 * x)), t = tanhf(z), c = coshf(z);
+            float sech2 = 1.0f / (c * c);   // 1 - t^2 without cancellation near t = +-1, as on the CPU
             du[i] = d * (0.5f * x * (1.0f + t));
-            float dact = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_TANH_BETA * (1.0f + 3.0f * GELU_TANH_KAPPA * x2);
+            float dact = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_TANH_BETA * (1.0f + 3.0f * GELU_TANH_KAPPA * x2);
             dg[i] = d * u[i] * dact;
         } else {
             float s = 1.0f / (1.0f + expf(-x));
