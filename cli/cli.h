@@ -9,6 +9,7 @@ int cmd_pretrain(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_train_local(int argc, char **argv);
 int cmd_init_model(int argc, char **argv);
+int cmd_score(int argc, char **argv);
 int cmd_tenant(int argc, char **argv);
 int cmd_submit(int argc, char **argv);
 int cmd_jobs(int argc, char **argv);

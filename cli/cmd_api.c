@@ -543,7 +543,7 @@ int cmd_generate(int argc, char **argv) {
     }
     const char *nl = "\n";
     gen_request_t rq = {.prompt = ids, .prompt_len = n, .slot = slot, .n_samples = 1, .max_new_tokens = (int)max_new,
-                        .sp = {.temperature = 0, .top_p = 1}, .stop_ids = &rt->eos, .n_stop_ids = 1,
+                        .sp = {.temperature = 0, .top_p = 1}, .stop_ids = rt->eos_ids, .n_stop_ids = rt->n_eos,
                         .stop_strings = &nl, .n_stop_strings = 1};
     if (gen_submit(rt->gen, &rq, err) < 0 || gen_run(rt->gen, err)) {
         fprintf(stderr, "marlaas generate: %s\n", err);

@@ -202,7 +202,7 @@ int cmd_train_local(int argc, char **argv) {
             free(prompt[i]);
             prompt[i] = NULL;
             plen[i] = tokenizer_encode(rt->tok, ex[i].prompt, strlen(ex[i].prompt), &prompt[i], err);
-            int room = mc->max_position_embeddings - plen[i];
+            int room = hf_config_context(mc) - plen[i];
             if (plen[i] < 0 || room < 1) {
                 fprintf(stderr, "marlaas train-local: prompt %s: %s\n", ex[i].prompt, plen[i] < 0 ? err : "too long");
                 goto done;
@@ -210,7 +210,7 @@ int cmd_train_local(int argc, char **argv) {
             gen_request_t rq = {.prompt = prompt[i], .prompt_len = plen[i], .slot = 0, .n_samples = G,
                                 .max_new_tokens = o.max_new < room ? (int)o.max_new : room,
                                 .sp = {.temperature = (float)o.temperature, .top_p = (float)o.top_p},
-                                .seed = idx * 7777 + 1, .stop_ids = &rt->eos, .n_stop_ids = 1, .user = (uint64_t)i,
+                                .seed = idx * 7777 + 1, .stop_ids = rt->eos_ids, .n_stop_ids = rt->n_eos, .user = (uint64_t)i,
                                 .stop_strings = &nl, .n_stop_strings = 1};
             if (gen_submit(rt->gen, &rq, err) < 0) {
                 fprintf(stderr, "marlaas train-local: %s\n", err);

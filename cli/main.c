@@ -17,6 +17,7 @@ static const command_t commands[] = {
     {"eval", cmd_eval, "greedy accuracy of a model (and adapter) on tasks"},
     {"train-local", cmd_train_local, "single-process synchronous GRPO on one task (quality reference)"},
     {"init-model", cmd_init_model, "write a randomly initialised model of a given shape"},
+    {"score", cmd_score, "per-token log-probs of a text or of token ids (JSON), optional greedy continuation"},
     {"tenant", cmd_tenant, "tenant create NAME: a tenant and its token (admin token)"},
     {"submit", cmd_submit, "submit a job (flags or a JSON spec, optional JSONL dataset)"},
     {"jobs", cmd_jobs, "the tenant's jobs"},

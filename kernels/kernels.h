@@ -62,6 +62,14 @@ typedef struct {
     float scale;
 } kern_lora_seg_t;
 
+// Gate activation of the gated MLP (glu, glu_bwd). Kernels know nothing of the model config; the
+// engine maps hidden_act onto these.
+//   SILU       g / (1 + exp(-g))
+//   GELU       g * 0.5 * (1 + erf(g / sqrt(2)))                                  (exact)
+//   GELU_TANH  0.5 * g * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3)))            (tanh approximation)
+// (the expressions of PyTorch's kernels, in its order of operations)
+typedef enum { KERN_ACT_SILU = 0, KERN_ACT_GELU = 1, KERN_ACT_GELU_TANH = 2 } kern_act_t;
+
 typedef struct kernels {
     const char *name;
 
@@ -122,10 +130,10 @@ typedef struct kernels {
     // -angle (the backward of the forward rotation).
     void (*rope)(float *x, const int32_t *pos, int n, int n_heads, int head_dim, const float *cos_t,
                  const float *sin_t, bool inverse);
-    // h = silu(g) * u (n)
-    void (*swiglu)(float *h, const float *g, const float *u, size_t n);
-    // dg = dh * u * silu'(g), du = dh * silu(g)   (overwrite)
-    void (*swiglu_bwd)(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n);
+    // Gated MLP activation: h = act(g) * u (n); act SILU is SwiGLU.
+    void (*glu)(float *h, const float *g, const float *u, size_t n, kern_act_t act);
+    // dg = dh * u * act'(g), du = dh * act(g)   (overwrite)
+    void (*glu_bwd)(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n, kern_act_t act);
     // Paged causal attention: out (n_tokens, H*hd) from q (n_tokens, H*hd).
     void (*attn_paged)(float *out, const float *q, const kern_paged_attn_t *a);
     // Packed causal attention forward; lse (N, H) saved for backward.

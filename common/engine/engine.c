@@ -27,6 +27,10 @@ typedef struct {
     float *rstd1;   // (N)
     float *q;       // (N, H*hd) after RoPE
     float *k;       // (N, KV*hd) after RoPE
+    float *q_raw;   // (N, H*hd) q projection before the q norm (qwen3, training only; else NULL)
+    float *k_raw;   // (N, KV*hd)
+    float *rstdq;   // (N*H) q norm's rstd per head row (training only)
+    float *rstdk;   // (N*KV)
     float *v;       // (N, KV*hd)
     float *att;     // (N, H*hd) attention output
     float *lse;     // (N, H) training only
@@ -35,7 +39,7 @@ typedef struct {
     float *rstd2;   // (N)
     float *g;       // (N, F) gate pre-activation
     float *u;       // (N, F)
-    float *h;       // (N, F) silu(g) * u
+    float *h;       // (N, F) act(g) * u
     float *T[LORA_N_TARGETS];   // (N, R) LoRA shrink outputs, training only
 } acts_t;
 
@@ -173,20 +177,34 @@ typedef struct {
     const kern_packed_attn_t *packed;
 } fwd_ctx_t;
 
+// The config's hidden_act as the kernels name it.
+static kern_act_t kern_act(const hf_config_t *cf) {
+    return cf->hidden_act == HF_ACT_GELU ? KERN_ACT_GELU : cf->hidden_act == HF_ACT_GELU_TANH ? KERN_ACT_GELU_TANH
+                                                                                          : KERN_ACT_SILU;
+}
+
 static void layer_forward(engine_t *e, int l, acts_t *a, const fwd_ctx_t *c, float *scratch) {
     const kernels_t *k = e->k;
     const hf_config_t *cf = &e->m->cfg;
     const model_weights_t *w = &e->m->w;
     const model_weights16_t *w16 = &e->m->w16;
     int N = c->N, D = cf->hidden_size, F = cf->intermediate_size, H = cf->num_attention_heads, hd = cf->head_dim;
-    int Qd = H * hd, KVd = cf->num_key_value_heads * hd;
+    int KV = cf->num_key_value_heads, Qd = H * hd, KVd = KV * hd;
 
     k->rmsnorm(a->xn1, a->rstd1, a->x_in, w->attn_norm + (size_t)l * D, N, D, cf->rms_norm_eps);
-    linear(e, l, LORA_Q, a->xn1, D, a->q, Qd, w->wq, w16->wq, w->bq, 0.0f, a->T[LORA_Q], scratch, N);
-    linear(e, l, LORA_K, a->xn1, D, a->k, KVd, w->wk, w16->wk, w->bk, 0.0f, a->T[LORA_K], scratch, N);
+    // With q/k norms (qwen3) the projections go to q_raw / k_raw (training keeps them for the
+    // backward; inference normalises in place: rmsnorm is element-wise after its row sum).
+    float *qp = a->q_raw ? a->q_raw : a->q, *kp = a->k_raw ? a->k_raw : a->k;
+    linear(e, l, LORA_Q, a->xn1, D, qp, Qd, w->wq, w16->wq, w->bq, 0.0f, a->T[LORA_Q], scratch, N);
+    linear(e, l, LORA_K, a->xn1, D, kp, KVd, w->wk, w16->wk, w->bk, 0.0f, a->T[LORA_K], scratch, N);
     linear(e, l, LORA_V, a->xn1, D, a->v, KVd, w->wv, w16->wv, w->bv, 0.0f, a->T[LORA_V], scratch, N);
+    if (cf->qk_norm) {
+        // Every head's vector is one RMSNorm row of head_dim.
+        k->rmsnorm(a->q, a->rstdq, qp, w->q_norm + (size_t)l * hd, N * H, hd, cf->rms_norm_eps);
+        k->rmsnorm(a->k, a->rstdk, kp, w->k_norm + (size_t)l * hd, N * KV, hd, cf->rms_norm_eps);
+    }
     k->rope(a->q, c->pos, N, H, hd, e->m->rope_cos, e->m->rope_sin, false);
-    k->rope(a->k, c->pos, N, cf->num_key_value_heads, hd, e->m->rope_cos, e->m->rope_sin, false);
+    k->rope(a->k, c->pos, N, KV, hd, e->m->rope_cos, e->m->rope_sin, false);
     if (c->kc) {
         // Append the rows' K/V to the cache: one row scatter per pool (the same offsets in both)
         for (int i = 0; i < N; i++) e->kvoff[i] = kvcache_row_offset(c->kc, c->row_kvseq[i], l, c->pos[i]);
@@ -203,12 +221,12 @@ static void layer_forward(engine_t *e, int l, acts_t *a, const fwd_ctx_t *c, flo
         k->attn_fwd(a->att, a->lse, a->q, a->k, a->v, c->packed);
     }
     if (a->x_mid != a->x_in) k->copy(a->x_mid, a->x_in, sizeof(float) * (size_t)N * D);
-    linear(e, l, LORA_O, a->att, Qd, a->x_mid, D, w->wo, w16->wo, NULL, 1.0f, a->T[LORA_O], scratch, N);
+    linear(e, l, LORA_O, a->att, Qd, a->x_mid, D, w->wo, w16->wo, w->bo, 1.0f, a->T[LORA_O], scratch, N);
 
     k->rmsnorm(a->xn2, a->rstd2, a->x_mid, w->mlp_norm + (size_t)l * D, N, D, cf->rms_norm_eps);
-    linear(e, l, LORA_GATE, a->xn2, D, a->g, F, w->wg, w16->wg, NULL, 0.0f, a->T[LORA_GATE], scratch, N);
-    linear(e, l, LORA_UP, a->xn2, D, a->u, F, w->wu, w16->wu, NULL, 0.0f, a->T[LORA_UP], scratch, N);
-    k->swiglu(a->h, a->g, a->u, (size_t)N * F);
+    linear(e, l, LORA_GATE, a->xn2, D, a->g, F, w->wg, w16->wg, w->bg, 0.0f, a->T[LORA_GATE], scratch, N);
+    linear(e, l, LORA_UP, a->xn2, D, a->u, F, w->wu, w16->wu, w->bu, 0.0f, a->T[LORA_UP], scratch, N);
+    k->glu(a->h, a->g, a->u, (size_t)N * F, kern_act(cf));
     // x_out is the next layer's x_in; the caller points it (in place for inference).
 }
 
@@ -216,7 +234,8 @@ static void layer_forward_down(engine_t *e, int l, acts_t *a, float *x_out, int 
     const hf_config_t *cf = &e->m->cfg;
     int D = cf->hidden_size, F = cf->intermediate_size;
     if (x_out != a->x_mid) e->k->copy(x_out, a->x_mid, sizeof(float) * (size_t)N * D);
-    linear(e, l, LORA_DOWN, a->h, F, x_out, D, e->m->w.wd, e->m->w16.wd, NULL, 1.0f, a->T[LORA_DOWN], scratch, N);
+    linear(e, l, LORA_DOWN, a->h, F, x_out, D, e->m->w.wd, e->m->w16.wd, e->m->w.bd, 1.0f, a->T[LORA_DOWN], scratch,
+           N);
 }
 
 // --- inference ----------------------------------------------------------------------------------------
@@ -240,9 +259,10 @@ int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, flo
             return err_set(err, "engine_step: the adapter in slot %d lives in %s backend memory but the model "
                            "runs on %s", s->slot, lora_pool_get(e->pool, s->slot)->k->name, k->name);
         int len = kvcache_seq_len(kc, s->kv_seq);
-        if (len + s->n_tokens > cf->max_position_embeddings)
-            return err_set(err, "engine_step: sequence %d would reach position %d; the model supports %d", i,
-                           len + s->n_tokens, cf->max_position_embeddings);
+        if (len + s->n_tokens > e->m->n_pos)
+            return err_set(err, "engine_step: sequence %d would reach position %d; the model supports %d%s", i,
+                           len + s->n_tokens, e->m->n_pos,
+                           e->m->n_pos < cf->max_position_embeddings ? " (its sliding window)" : "");
         for (int t = 0; t < s->n_tokens; t++)
             if (s->tokens[t] < 0 || s->tokens[t] >= cf->vocab_size)
                 return err_set(err, "engine_step: sequence %d token %d = %d is outside the vocabulary (%d)", i, t,
@@ -337,8 +357,9 @@ const float *engine_step_logits(const engine_t *e) { return e->step_logits; }
 static size_t layer_floats(const hf_config_t *cf, int N, int R) {
     int D = cf->hidden_size, F = cf->intermediate_size, H = cf->num_attention_heads;
     int Qd = H * cf->head_dim, KVd = cf->num_key_value_heads * cf->head_dim;
+    size_t qkn = cf->qk_norm ? (size_t)Qd + KVd + H + cf->num_key_value_heads : 0;
     return (size_t)N * (4 * (size_t)D + 2 + 2 * (size_t)Qd + 2 * (size_t)KVd + H + 3 * (size_t)F +
-                        LORA_N_TARGETS * (size_t)R);
+                        LORA_N_TARGETS * (size_t)R + qkn);
 }
 
 static int validate_train(engine_t *e, const engine_train_seq_t *seqs, int n, char *err) {
@@ -347,9 +368,9 @@ static int validate_train(engine_t *e, const engine_train_seq_t *seqs, int n, ch
     for (int i = 0; i < n; i++) {
         const engine_train_seq_t *s = &seqs[i];
         if (!s->tokens || s->len < 1) return err_set(err, "training sequence %d is empty", i);
-        if (s->len > cf->max_position_embeddings)
-            return err_set(err, "training sequence %d has %d tokens; the model supports %d", i, s->len,
-                           cf->max_position_embeddings);
+        if (s->len > e->m->n_pos)
+            return err_set(err, "training sequence %d has %d tokens; the model supports %d%s", i, s->len, e->m->n_pos,
+                           e->m->n_pos < cf->max_position_embeddings ? " (its sliding window)" : "");
         if (s->slot < -1 || (s->slot >= 0 && !lora_pool_get(e->pool, s->slot)))
             return err_set(err, "training sequence %d uses adapter slot %d, which is empty", i, s->slot);
         if (s->slot >= 0 && lora_pool_get(e->pool, s->slot)->k != e->k)
@@ -469,6 +490,12 @@ static int train_forward(engine_t *e, const engine_train_seq_t *seqs, int n, tra
         a->u = p, p += (size_t)N * F;
         a->h = p, p += (size_t)N * F;
         for (int t = 0; t < LORA_N_TARGETS; t++) a->T[t] = p, p += (size_t)N * R;
+        if (cf->qk_norm) {
+            a->q_raw = p, p += (size_t)N * Qd;
+            a->k_raw = p, p += (size_t)N * KVd;
+            a->rstdq = p, p += (size_t)N * H;
+            a->rstdk = p, p += (size_t)N * cf->num_key_value_heads;
+        }
     }
     f->x_out = p, p += (size_t)N * D;
     f->xf = p, p += (size_t)N * D;
@@ -496,55 +523,79 @@ static void train_backward(engine_t *e, train_fwd_t *f, float *dx, float *model_
     const model_weights16_t *w16 = &e->m->w16;
     int N = f->N, L = f->L, D = cf->hidden_size, F = cf->intermediate_size, H = cf->num_attention_heads;
     int hd = cf->head_dim, KV = cf->num_key_value_heads, Qd = H * hd, KVd = KV * hd, R = e->plan.max_rank;
+    kern_act_t act = kern_act(cf);
     model_weights_t gw = {0};
     if (model_grads) model_point(&gw, model_grads, cf);
-    size_t need = (size_t)N * (D + 2 * (size_t)Qd + 2 * (size_t)KVd + 3 * (size_t)F + (R > 0 ? R : 1));
+    size_t qkn = cf->qk_norm ? (size_t)Qd + KVd : 0;
+    size_t need = (size_t)N * (D + 2 * (size_t)Qd + 2 * (size_t)KVd + 3 * (size_t)F + (R > 0 ? R : 1) + qkn);
     float *p = buf_get(k, &e->grad, need);
     float *dxn = p, *dq = (p += (size_t)N * D), *datt = (p += (size_t)N * Qd), *dk = (p += (size_t)N * Qd);
     float *dv = (p += (size_t)N * KVd), *dg = (p += (size_t)N * KVd), *du = (p += (size_t)N * F);
     float *dh = (p += (size_t)N * F), *dT = (p += (size_t)N * F);
+    // q/k norms: gradients with respect to the projections' outputs, before the norms.
+    float *dq_raw = cf->qk_norm ? (p += (size_t)N * (R > 0 ? R : 1)) : NULL;
+    float *dk_raw = cf->qk_norm ? dq_raw + (size_t)N * Qd : NULL;
     const lora_plan_t *pl = &e->plan;
     lora_pool_t *pool = e->pool;
 #define WL(base, l, rows, cols) ((base) + (size_t)(l) * (rows) * (cols))
     for (int l = L - 1; l >= 0; l--) {
         acts_t *a = &f->layers[l];
-        // MLP: x_out = x_mid + h Wd^T + LoRA_down(h)
+        // MLP: x_out = x_mid + h Wd^T + bd + LoRA_down(h)
         base_bwd(k, w->wd, w16->wd, l, D, F, dx, 0.0f, dh, N);
-        if (model_grads) k->gemm(true, false, D, F, N, 1.0f, dx, D, a->h, F, 1.0f, WL(gw.wd, l, D, F), F);
+        if (model_grads) {
+            k->gemm(true, false, D, F, N, 1.0f, dx, D, a->h, F, 1.0f, WL(gw.wd, l, D, F), F);
+            if (cf->mlp_bias) k->bias_bwd(gw.bd + (size_t)l * D, dx, N, D);
+        }
         lora_backward(k, pl, pool, lora_grads, l, LORA_DOWN, a->h, F, dx, D, a->T[LORA_DOWN], dh, dT);
-        k->swiglu_bwd(dg, du, dh, a->g, a->u, (size_t)N * F);
+        k->glu_bwd(dg, du, dh, a->g, a->u, (size_t)N * F, act);
         base_bwd(k, w->wg, w16->wg, l, F, D, dg, 0.0f, dxn, N);
         base_bwd(k, w->wu, w16->wu, l, F, D, du, 1.0f, dxn, N);
         if (model_grads) {
             k->gemm(true, false, F, D, N, 1.0f, dg, F, a->xn2, D, 1.0f, WL(gw.wg, l, F, D), D);
             k->gemm(true, false, F, D, N, 1.0f, du, F, a->xn2, D, 1.0f, WL(gw.wu, l, F, D), D);
+            if (cf->mlp_bias) {
+                k->bias_bwd(gw.bg + (size_t)l * F, dg, N, F);
+                k->bias_bwd(gw.bu + (size_t)l * F, du, N, F);
+            }
         }
         lora_backward(k, pl, pool, lora_grads, l, LORA_GATE, a->xn2, D, dg, F, a->T[LORA_GATE], dxn, dT);
         lora_backward(k, pl, pool, lora_grads, l, LORA_UP, a->xn2, D, du, F, a->T[LORA_UP], dxn, dT);
         k->rmsnorm_bwd(dx, model_grads ? gw.mlp_norm + (size_t)l * D : NULL, dxn, a->x_mid,
                        w->mlp_norm + (size_t)l * D, a->rstd2, N, D);
-        // Attention: x_mid = x_in + att Wo^T + LoRA_o(att)
+        // Attention: x_mid = x_in + att Wo^T + bo + LoRA_o(att)
         base_bwd(k, w->wo, w16->wo, l, D, Qd, dx, 0.0f, datt, N);
-        if (model_grads) k->gemm(true, false, D, Qd, N, 1.0f, dx, D, a->att, Qd, 1.0f, WL(gw.wo, l, D, Qd), Qd);
+        if (model_grads) {
+            k->gemm(true, false, D, Qd, N, 1.0f, dx, D, a->att, Qd, 1.0f, WL(gw.wo, l, D, Qd), Qd);
+            if (cf->o_bias) k->bias_bwd(gw.bo + (size_t)l * D, dx, N, D);
+        }
         lora_backward(k, pl, pool, lora_grads, l, LORA_O, a->att, Qd, dx, D, a->T[LORA_O], datt, dT);
         k->attn_bwd(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, &f->pk);
         k->rope(dq, e->pos, N, H, hd, e->m->rope_cos, e->m->rope_sin, true);
         k->rope(dk, e->pos, N, KV, hd, e->m->rope_cos, e->m->rope_sin, true);
-        base_bwd(k, w->wq, w16->wq, l, Qd, D, dq, 0.0f, dxn, N);
-        base_bwd(k, w->wk, w16->wk, l, KVd, D, dk, 1.0f, dxn, N);
+        float *dqp = dq, *dkp = dk;   // d loss / d (q, k projection outputs)
+        if (cf->qk_norm) {
+            k->zero(dq_raw, sizeof(float) * (size_t)N * (Qd + KVd));
+            k->rmsnorm_bwd(dq_raw, model_grads ? gw.q_norm + (size_t)l * hd : NULL, dq, a->q_raw,
+                           w->q_norm + (size_t)l * hd, a->rstdq, N * H, hd);
+            k->rmsnorm_bwd(dk_raw, model_grads ? gw.k_norm + (size_t)l * hd : NULL, dk, a->k_raw,
+                           w->k_norm + (size_t)l * hd, a->rstdk, N * KV, hd);
+            dqp = dq_raw, dkp = dk_raw;
+        }
+        base_bwd(k, w->wq, w16->wq, l, Qd, D, dqp, 0.0f, dxn, N);
+        base_bwd(k, w->wk, w16->wk, l, KVd, D, dkp, 1.0f, dxn, N);
         base_bwd(k, w->wv, w16->wv, l, KVd, D, dv, 1.0f, dxn, N);
         if (model_grads) {
-            k->gemm(true, false, Qd, D, N, 1.0f, dq, Qd, a->xn1, D, 1.0f, WL(gw.wq, l, Qd, D), D);
-            k->gemm(true, false, KVd, D, N, 1.0f, dk, KVd, a->xn1, D, 1.0f, WL(gw.wk, l, KVd, D), D);
+            k->gemm(true, false, Qd, D, N, 1.0f, dqp, Qd, a->xn1, D, 1.0f, WL(gw.wq, l, Qd, D), D);
+            k->gemm(true, false, KVd, D, N, 1.0f, dkp, KVd, a->xn1, D, 1.0f, WL(gw.wk, l, KVd, D), D);
             k->gemm(true, false, KVd, D, N, 1.0f, dv, KVd, a->xn1, D, 1.0f, WL(gw.wv, l, KVd, D), D);
             if (cf->qkv_bias) {
-                k->bias_bwd(gw.bq + (size_t)l * Qd, dq, N, Qd);
-                k->bias_bwd(gw.bk + (size_t)l * KVd, dk, N, KVd);
+                k->bias_bwd(gw.bq + (size_t)l * Qd, dqp, N, Qd);
+                k->bias_bwd(gw.bk + (size_t)l * KVd, dkp, N, KVd);
                 k->bias_bwd(gw.bv + (size_t)l * KVd, dv, N, KVd);
             }
         }
-        lora_backward(k, pl, pool, lora_grads, l, LORA_Q, a->xn1, D, dq, Qd, a->T[LORA_Q], dxn, dT);
-        lora_backward(k, pl, pool, lora_grads, l, LORA_K, a->xn1, D, dk, KVd, a->T[LORA_K], dxn, dT);
+        lora_backward(k, pl, pool, lora_grads, l, LORA_Q, a->xn1, D, dqp, Qd, a->T[LORA_Q], dxn, dT);
+        lora_backward(k, pl, pool, lora_grads, l, LORA_K, a->xn1, D, dkp, KVd, a->T[LORA_K], dxn, dT);
         lora_backward(k, pl, pool, lora_grads, l, LORA_V, a->xn1, D, dv, KVd, a->T[LORA_V], dxn, dT);
         k->rmsnorm_bwd(dx, model_grads ? gw.attn_norm + (size_t)l * D : NULL, dxn, a->x_in,
                        w->attn_norm + (size_t)l * D, a->rstd1, N, D);

@@ -51,7 +51,8 @@ typedef struct {
 // logits is a HOST buffer of the caller: it receives, in the caller's order, 0 / 1 / n_tokens
 // rows of vocab floats per sequence, copied from the backend with its to_host (only the rows
 // asked for; they are complete when engine_step returns). A sequence must not appear twice in
-// one step. Positions beyond max_position_embeddings are refused, and so are a cache or an
+// one step. Positions beyond the model's context (hf_config_context: max_position_embeddings, or a
+// smaller sliding window) are refused, and so are a cache or an
 // adapter made for another backend than the model's.
 int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, float *logits, char *err);
 // logits == NULL: the rows stay in BACKEND memory, where engine_step_logits() finds them (valid

@@ -143,9 +143,10 @@ int gen_submit(gen_t *g, const gen_request_t *r, char *err) {
             return err_set(err, "prompt token %d = %d is outside the vocabulary (%d)", i, r->prompt[i], cf->vocab_size);
     if (r->n_samples < 1 || r->n_samples > 4096) return err_set(err, "n_samples must be in 1..4096");
     if (r->max_new_tokens < 1) return err_set(err, "max_new_tokens must be >= 1");
-    if (r->prompt_len + r->max_new_tokens > cf->max_position_embeddings)
+    int ctx = hf_config_context(cf);
+    if (r->prompt_len + r->max_new_tokens > ctx)
         return err_set(err, "prompt (%d) + max_new_tokens (%d) exceeds the model's %d positions", r->prompt_len,
-                       r->max_new_tokens, cf->max_position_embeddings);
+                       r->max_new_tokens, ctx);
     if (!(r->sp.temperature >= 0.0f) || r->sp.top_k < 0 || !(r->sp.top_p > 0.0f && r->sp.top_p <= 1.0f))
         return err_set(err, "sampling: temperature >= 0, top_k >= 0 and top_p in (0, 1] required");
     if (r->n_stop_ids < 0 || r->n_stop_ids > GEN_MAX_STOP || r->n_stop_strings < 0 ||

@@ -32,7 +32,8 @@ typedef struct {
     int max_new_tokens;         // >= 1
     sampler_params_t sp;
     uint64_t seed;              // sample g draws from its own stream derived from (seed, g)
-    const int32_t *stop_ids;    // up to GEN_MAX_STOP token ids (EOS)
+    const int32_t *stop_ids;    // up to GEN_MAX_STOP token ids, each ending the sample: every end-of-sequence
+                                // id of the model (hf_config_eos, rl_runtime_t.eos_ids), not only the first
     int n_stop_ids;
     const char *const *stop_strings;   // up to GEN_MAX_STOP strings (need a tokenizer)
     int n_stop_strings;

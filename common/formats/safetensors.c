@@ -398,6 +398,183 @@ int st_read_f32(const st_file_t *f, const char *name, int ndim, const int64_t *s
     }
 }
 
+// --- model folders ----------------------------------------------------------------------------
+
+typedef struct {
+    const st_tensor_t *t;
+    int file;
+} dir_entry_t;
+
+struct st_dir {
+    char *src;
+    st_file_t **files;
+    char **file_names;
+    int n_files;
+    dir_entry_t *e;        // sorted by tensor name
+    int n;
+};
+
+static int cmp_entry(const void *a, const void *b) {
+    return strcmp(((const dir_entry_t *)a)->t->name, ((const dir_entry_t *)b)->t->name);
+}
+
+void st_dir_close(st_dir_t **pd) {
+    if (!pd || !*pd) return;
+    st_dir_t *d = *pd;
+    for (int i = 0; i < d->n_files; i++) {
+        st_close(&d->files[i]);
+        free(d->file_names[i]);
+    }
+    free(d->files);
+    free(d->file_names);
+    free(d->e);
+    free(d->src);
+    free(d);
+    *pd = NULL;
+}
+
+// The shard list of an index: distinct file names in order of first use, each a plain name.
+static int index_files(st_dir_t *d, const cJSON *wm, char *err) {
+    for (const cJSON *it = wm->child; it; it = it->next) {
+        if (!cJSON_IsString(it)) return err_set(err, "%s: weight_map entry '%.80s' is not a file name", d->src, it->string);
+        const char *fn = it->valuestring;
+        if (!fn[0] || strchr(fn, '/') || !strcmp(fn, ".") || !strcmp(fn, ".."))
+            return err_set(err, "%s: weight_map names '%.80s'; shards must be plain file names in the folder", d->src,
+                           fn);
+        bool seen = false;
+        for (int i = 0; i < d->n_files && !seen; i++) seen = !strcmp(d->file_names[i], fn);
+        if (seen) continue;
+        d->file_names = xrealloc(d->file_names, sizeof(char *) * (size_t)(d->n_files + 1));
+        d->files = xrealloc(d->files, sizeof(st_file_t *) * (size_t)(d->n_files + 1));
+        d->file_names[d->n_files] = xstrdup(fn);
+        d->files[d->n_files] = NULL;
+        d->n_files++;
+    }
+    if (d->n_files == 0) return err_set(err, "%s: weight_map is empty", d->src);
+    return 0;
+}
+
+static int open_index(st_dir_t *d, const char *dir, char *err) {
+    char *text = util_read_file(d->src, NULL, err);
+    if (!text) return -1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    int rc = -1;
+    if (!root || !cJSON_IsObject(root)) {
+        err_set(err, "%s: not a JSON object", d->src);
+        goto out;
+    }
+    for (const cJSON *it = root->child; it; it = it->next)
+        if (strcmp(it->string, "weight_map") && strcmp(it->string, "metadata")) {
+            err_set(err, "%s: unknown key '%.60s' (weight_map, metadata)", d->src, it->string);
+            goto out;
+        }
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    if (!cJSON_IsObject(wm)) {
+        err_set(err, "%s: weight_map is missing or not an object", d->src);
+        goto out;
+    }
+    if (index_files(d, wm, err)) goto out;
+    char path[4096], e2[ERR_LEN];
+    int total = 0;
+    for (int i = 0; i < d->n_files; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, d->file_names[i]);
+        d->files[i] = st_open(path, e2);
+        if (!d->files[i]) {
+            err_set(err, "%s: shard %s: %s", d->src, d->file_names[i], e2);
+            goto out;
+        }
+        total += st_count(d->files[i]);
+    }
+    int n_map = 0;
+    for (const cJSON *it = wm->child; it; it = it->next, n_map++) {
+        int fi = 0;
+        while (strcmp(d->file_names[fi], it->valuestring)) fi++;
+        if (!st_find(d->files[fi], it->string)) {
+            err_set(err, "%s: weight_map puts %.80s in %s, which does not hold it", d->src, it->string,
+                     d->file_names[fi]);
+            goto out;
+        }
+    }
+    d->e = xmalloc(sizeof(dir_entry_t) * (size_t)(total + 1));
+    for (int fi = 0; fi < d->n_files; fi++)
+        for (int j = 0; j < st_count(d->files[fi]); j++) {
+            const st_tensor_t *t = st_tensor(d->files[fi], j);
+            const cJSON *m = cJSON_GetObjectItemCaseSensitive(wm, t->name);
+            if (!m || strcmp(m->valuestring, d->file_names[fi])) {
+                err_set(err, "%s: shard %s holds %.80s, which weight_map %s", d->src, d->file_names[fi], t->name,
+                        m ? "puts in another shard" : "does not list");
+                goto out;
+            }
+            d->e[d->n++] = (dir_entry_t){t, fi};
+        }
+    // Every shard tensor is in weight_map with its own shard, and every weight_map entry is in its
+    // shard: the two sets are equal unless weight_map names a tensor twice.
+    if (n_map != d->n) {
+        err_set(err, "%s: weight_map has %d entries for %d tensors (a tensor is listed twice)", d->src, n_map, d->n);
+        goto out;
+    }
+    rc = 0;
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+st_dir_t *st_dir_open(const char *dir, char *err) {
+    st_dir_t *d = xcalloc(1, sizeof *d);
+    char path[4096];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (stat(path, &st) == 0 || errno != ENOENT) {
+        d->src = xstrdup(path);
+        d->files = xmalloc(sizeof(st_file_t *));
+        d->file_names = xmalloc(sizeof(char *));
+        d->file_names[0] = xstrdup("model.safetensors");
+        d->n_files = 1;
+        d->files[0] = st_open(path, err);
+        if (!d->files[0]) goto fail;
+        d->e = xmalloc(sizeof(dir_entry_t) * (size_t)(st_count(d->files[0]) + 1));
+        for (int j = 0; j < st_count(d->files[0]); j++) d->e[d->n++] = (dir_entry_t){st_tensor(d->files[0], j), 0};
+    } else {
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        d->src = xstrdup(path);
+        if (stat(path, &st) != 0) {
+            err_set(err, "%s has neither model.safetensors nor model.safetensors.index.json", dir);
+            goto fail;
+        }
+        if (open_index(d, dir, err)) goto fail;
+    }
+    qsort(d->e, (size_t)d->n, sizeof(dir_entry_t), cmp_entry);
+    return d;
+fail:
+    st_dir_close(&d);
+    return NULL;
+}
+
+const char *st_dir_source(const st_dir_t *d) { return d->src; }
+
+int st_dir_count(const st_dir_t *d) { return d->n; }
+
+const st_tensor_t *st_dir_tensor(const st_dir_t *d, int i) { return i >= 0 && i < d->n ? d->e[i].t : NULL; }
+
+int st_dir_find(const st_dir_t *d, const char *name) {
+    int lo = 0, hi = d->n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        int c = strcmp(name, d->e[mid].t->name);
+        if (c == 0) return mid;
+        if (c < 0) hi = mid - 1;
+        else lo = mid + 1;
+    }
+    return -1;
+}
+
+int st_dir_read_f32(const st_dir_t *d, const char *name, int ndim, const int64_t *shape, float *dst, char *err) {
+    int i = st_dir_find(d, name);
+    if (i < 0) return err_set(err, "missing tensor %s in %s", name, d->src);
+    return st_read_f32(d->files[d->e[i].file], name, ndim, shape, dst, err);
+}
+
 // --- writer --------------------------------------------------------------------------------
 
 typedef struct {

@@ -51,6 +51,27 @@ size_t st_dtype_size(st_dtype_t t);
 // ("tensor X has dtype I64; only F32, F16, BF16 are supported"). Returns 0 or -1.
 int st_read_f32(const st_file_t *f, const char *name, int ndim, const int64_t *shape, float *dst, char *err);
 
+// --- a model folder's weights: one file or shards ---------------------------------------------
+// DIR/model.safetensors when it exists (Hugging Face prefers it too), else the shards named by
+// DIR/model.safetensors.index.json ({"weight_map": {"tensor": "file", ...}, "metadata": {...}}).
+// The index is validated before any tensor is read, and every problem is an error naming it:
+// weight_map an object of strings, each file a plain name inside DIR (no '/', not "." or ".."),
+// each file opening as valid safetensors, each tensor of weight_map present in the file it names,
+// and each tensor of each shard listed in weight_map with that shard (so no tensor is found
+// twice and none is left unaccounted for). "metadata" (total_size) is informational.
+typedef struct st_dir st_dir_t;
+
+st_dir_t *st_dir_open(const char *dir, char *err);
+void st_dir_close(st_dir_t **d);
+// "DIR/model.safetensors" or "DIR/model.safetensors.index.json" (for messages).
+const char *st_dir_source(const st_dir_t *d);
+// Tensors over all files; tensor i (0 <= i < count), and the index of a name (-1 when absent).
+int st_dir_count(const st_dir_t *d);
+const st_tensor_t *st_dir_tensor(const st_dir_t *d, int i);
+int st_dir_find(const st_dir_t *d, const char *name);
+// st_read_f32 on the file that holds `name` ("missing tensor X in SOURCE" when none does).
+int st_dir_read_f32(const st_dir_t *d, const char *name, int ndim, const int64_t *shape, float *dst, char *err);
+
 // --- writer ---------------------------------------------------------------------------
 typedef struct st_writer st_writer_t;
 

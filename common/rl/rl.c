@@ -16,7 +16,7 @@ static rl_runtime_cfg_t cfg_defaults(const rl_runtime_cfg_t *c, const model_t *m
     rl_runtime_cfg_t d = c ? *c : (rl_runtime_cfg_t){0};
     if (d.n_slots <= 0) d.n_slots = 8;
     if (d.max_seqs <= 0) d.max_seqs = 512;
-    if (d.kv_blocks <= 0) d.kv_blocks = 256 * ((m->cfg.max_position_embeddings + 15) / 16);
+    if (d.kv_blocks <= 0) d.kv_blocks = 256 * ((hf_config_context(&m->cfg) + 15) / 16);
     if (d.max_batch_tokens <= 0) d.max_batch_tokens = 512;
     return d;
 }
@@ -27,11 +27,21 @@ rl_runtime_t *rl_runtime_wrap(model_t **model, tokenizer_t **tok, const rl_runti
     rt->tok = *tok, *tok = NULL;
     rl_runtime_cfg_t c = cfg_defaults(cfg, rt->model);
     const hf_config_t *mc = &rt->model->cfg;
-    rt->eos = mc->eos_token_id >= 0 ? mc->eos_token_id : tokenizer_token_id(rt->tok, "<|endoftext|>");
-    if (rt->eos < 0) {
+    rt->n_eos = hf_config_eos(mc, rt->eos_ids, GEN_MAX_STOP);
+    if (rt->n_eos == 0) {
+        int32_t id = tokenizer_token_id(rt->tok, "<|endoftext|>");
+        if (id >= 0) rt->eos_ids[rt->n_eos++] = id;
+    }
+    if (rt->n_eos == 0) {
         err_set(err, "model has no eos_token_id in config.json and its tokenizer no <|endoftext|> token");
         goto fail;
     }
+    rt->eos = rt->eos_ids[0];
+    for (int i = 0; i < rt->n_eos; i++)
+        if (rt->eos_ids[i] >= mc->vocab_size) {
+            err_set(err, "end-of-sequence id %d is outside the vocabulary (%d)", rt->eos_ids[i], mc->vocab_size);
+            goto fail;
+        }
     if (tokenizer_vocab_size(rt->tok) > mc->vocab_size) {
         err_set(err, "tokenizer has %d tokens but the model's vocab_size is %d", tokenizer_vocab_size(rt->tok),
                 mc->vocab_size);
@@ -69,6 +79,33 @@ rl_runtime_t *rl_runtime_open(const char *dir, const rl_runtime_cfg_t *cfg, char
     rl_runtime_t *rt = rl_runtime_wrap(&m, &t, cfg, err);
     model_destroy(&m);
     tokenizer_destroy(&t);
+    if (!rt) return NULL;
+    // Hugging Face's generate() stops at generation_config.json's eos ids (often a longer list
+    // than config.json's, e.g. an instruct model's end-of-turn token).
+    hf_generation_config_t gc;
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    int rc = hf_generation_config_load(&gc, path, err);
+    if (rc < 0) {
+        rl_runtime_close(&rt);
+        return NULL;
+    }
+    for (int i = 0; i < gc.n_eos; i++) {
+        bool dup = false;
+        for (int j = 0; j < rt->n_eos; j++) dup |= rt->eos_ids[j] == gc.eos_token_ids[i];
+        if (dup) continue;
+        if (rt->n_eos == GEN_MAX_STOP) {
+            err_set(err, "%s: more than %d end-of-sequence ids with config.json's", path, GEN_MAX_STOP);
+            rl_runtime_close(&rt);
+            return NULL;
+        }
+        if (gc.eos_token_ids[i] >= rt->model->cfg.vocab_size) {
+            err_set(err, "%s: eos id %d is outside the vocabulary (%d)", path, gc.eos_token_ids[i],
+                    rt->model->cfg.vocab_size);
+            rl_runtime_close(&rt);
+            return NULL;
+        }
+        rt->eos_ids[rt->n_eos++] = gc.eos_token_ids[i];
+    }
     return rt;
 }
 
@@ -209,7 +246,7 @@ static int evaluate_episodes(rl_runtime_t *rt, int slot, const rl_source_t *src,
                              int max_new, int max_turns, rl_eval_t *out, char *err) {
     static const char *const stops[2] = {"\n", ENV_CALL_END};
     const task_t *t = src->task;
-    int ctx = rt->model->cfg.max_position_embeddings, rc = -1;
+    int ctx = hf_config_context(&rt->model->cfg), rc = -1;
     task_example_t *ex = xcalloc((size_t)n + 1, sizeof *ex);
     char **text = xcalloc((size_t)n + 1, sizeof *text);
     bool *live = xcalloc((size_t)n + 1, sizeof *live);
@@ -240,8 +277,8 @@ static int evaluate_episodes(rl_runtime_t *rt, int slot, const rl_source_t *src,
             }
             gen_request_t rq = {.prompt = ids, .prompt_len = np, .slot = slot, .n_samples = 1,
                                 .max_new_tokens = max_new < room ? max_new : room,
-                                .sp = {.temperature = 0.0f, .top_p = 1.0f}, .seed = (uint64_t)i, .stop_ids = &rt->eos,
-                                .n_stop_ids = 1, .stop_strings = stops, .n_stop_strings = 2, .user = (uint64_t)i};
+                                .sp = {.temperature = 0.0f, .top_p = 1.0f}, .seed = (uint64_t)i, .stop_ids = rt->eos_ids,
+                                .n_stop_ids = rt->n_eos, .stop_strings = stops, .n_stop_strings = 2, .user = (uint64_t)i};
             int id = gen_submit(rt->gen, &rq, err);
             free(ids);
             if (id < 0) goto done;
@@ -305,10 +342,10 @@ int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int asked, i
         int32_t *ids = NULL;
         int np = tokenizer_encode(rt->tok, ex[i].prompt, strlen(ex[i].prompt), &ids, err);
         if (np < 0) goto done;
-        int room = rt->model->cfg.max_position_embeddings - np;
+        int room = hf_config_context(&rt->model->cfg) - np;
         gen_request_t rq = {.prompt = ids, .prompt_len = np, .slot = slot, .n_samples = 1,
                             .max_new_tokens = max_new < room ? max_new : room, .sp = {.temperature = 0.0f, .top_p = 1.0f},
-                            .seed = (uint64_t)i, .stop_ids = &rt->eos, .n_stop_ids = 1, .stop_strings = &nl,
+                            .seed = (uint64_t)i, .stop_ids = rt->eos_ids, .n_stop_ids = rt->n_eos, .stop_strings = &nl,
                             .n_stop_strings = 1, .user = (uint64_t)i};
         int id = rq.max_new_tokens >= 1 ? gen_submit(rt->gen, &rq, err) : -1;
         free(ids);

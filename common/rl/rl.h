@@ -23,7 +23,10 @@ typedef struct {
     engine_t *engine;
     kvcache_t *kc;
     gen_t *gen;
-    int32_t eos;          // end-of-text token id
+    int32_t eos;          // end-of-text token id: the first of eos_ids (the one appended to training text)
+    int32_t eos_ids[GEN_MAX_STOP];   // every id that ends generation: config.json's eos_token_id (an
+    int n_eos;                       // integer or a list), generation_config.json's (rl_runtime_open),
+                                     // or the tokenizer's <|endoftext|> when neither names one
 } rl_runtime_t;
 
 typedef struct {
@@ -35,7 +38,8 @@ typedef struct {
     bool bf16;            // rl_runtime_open: base matrices in bf16 (model_to_bf16; see model.h)
 } rl_runtime_cfg_t;
 
-// Loads DIR (config.json, model.safetensors, tokenizer.json) and builds the runtime.
+// Loads DIR (config.json, model.safetensors or its shards, tokenizer.json, and
+// generation_config.json when present: its eos ids join eos_ids) and builds the runtime.
 rl_runtime_t *rl_runtime_open(const char *model_dir, const rl_runtime_cfg_t *cfg, char *err);
 // Builds a runtime around a model and tokenizer the caller hands over (ownership moves).
 rl_runtime_t *rl_runtime_wrap(model_t **model, tokenizer_t **tok, const rl_runtime_cfg_t *cfg, char *err);

@@ -324,22 +324,64 @@ static void cpu_rope(float *x, const int32_t *pos, int n, int n_heads, int head_
 
 static inline float silu(float g) { return g / (1.0f + expf(-g)); }
 
-static void cpu_swiglu(float *h, const float *g, const float *u, size_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) h[i] = silu(g[i]) * u[i];
+#define GELU_ALPHA ((float)M_SQRT1_2)                      // 1/sqrt(2)
+#define GELU_BETA ((float)(M_2_SQRTPI * M_SQRT1_2 * 0.5))   // 1/sqrt(2 pi)
+#define GELU_TANH_BETA ((float)(M_SQRT2 * M_2_SQRTPI * 0.5))   // sqrt(2/pi)
+#define GELU_TANH_KAPPA 0.044715f
+
+static inline float gelu(float x) { return x * 0.5f * (1.0f + erff(x * GELU_ALPHA)); }
+
+static inline float gelu_tanh(float x) {
+    float inner = GELU_TANH_BETA * (x + GELU_TANH_KAPPA * (x * x * x));
+    return 0.5f * x * (1.0f + tanhf(inner));
 }
 
-static void cpu_swiglu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n) {
+static void cpu_glu(float *h, const float *g, const float *u, size_t n, kern_act_t act) {
+    if (act == KERN_ACT_GELU) {
 #pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) {
-        float s = 1.0f / (1.0f + expf(-g[i]));
-        float sg = g[i] * s;
-        float d = dh[i];
-        du[i] = d * sg;
-        dg[i] = d * u[i] * (s + sg * (1.0f - s));
+        for (size_t i = 0; i < n; i++) h[i] = gelu(g[i]) * u[i];
+    } else if (act == KERN_ACT_GELU_TANH) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (size_t i = 0; i < n; i++) h[i] = gelu_tanh(g[i]) * u[i];
+    } else {
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (size_t i = 0; i < n; i++) h[i] = silu(g[i]) * u[i];
     }
 }
 
+// act'(x): silu s + x s (1 - s); gelu Phi(x) + x phi(x); gelu_tanh 0.5 (1 + t) + 0.5 x sech^2(z) beta (1 + 3 kappa x^2)
+// with z the tanh argument and t = tanh(z).
+static void cpu_glu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n, kern_act_t act) {
+    if (act == KERN_ACT_GELU) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (size_t i = 0; i < n; i++) {
+            float x = g[i], d = dh[i];
+            float cdf = 0.5f * (1.0f + erff(x * GELU_ALPHA)), pdf = GELU_BETA * expf(x * x * -0.5f);
+            du[i] = d * (x * cdf);
+            dg[i] = d * u[i] * (cdf + x * pdf);
+        }
+    } else if (act == KERN_ACT_GELU_TANH) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (size_t i = 0; i < n; i++) {
+            float x = g[i], d = dh[i], x2 = x * x;
+            float z = GELU_TANH_BETA * (x + GELU_TANH_KAPPA * (x2 * x)), t = tanhf(z), c = coshf(z);
+            // 1 - t^2 as 1 / cosh^2: no cancellation where t is near +-1 (0 once cosh^2 overflows)
+            float sech2 = 1.0f / (c * c);
+            du[i] = d * (0.5f * x * (1.0f + t));
+            float dact = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_TANH_BETA * (1.0f + 3.0f * GELU_TANH_KAPPA * x2);
+            dg[i] = d * u[i] * dact;
+        }
+    } else {
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (size_t i = 0; i < n; i++) {
+            float s = 1.0f / (1.0f + expf(-g[i]));
+            float sg = g[i] * s;
+            float d = dh[i];
+            du[i] = d * sg;
+            dg[i] = d * u[i] * (s + sg * (1.0f - s));
+        }
+    }
+}
 
 // One query row against ctx key/value rows given by pointer arrays: scores, softmax (two
 // passes over a scratch of ctx floats), weighted sum of values. Returns the log-sum-exp of the
@@ -922,8 +964,8 @@ static const kernels_t cpu_kernels = {
     .add_bias = cpu_add_bias,
     .bias_bwd = cpu_bias_bwd,
     .rope = cpu_rope,
-    .swiglu = cpu_swiglu,
-    .swiglu_bwd = cpu_swiglu_bwd,
+    .glu = cpu_glu,
+    .glu_bwd = cpu_glu_bwd,
     .attn_paged = cpu_attn_paged,
     .attn_fwd = cpu_attn_fwd,
     .attn_bwd = cpu_attn_bwd,

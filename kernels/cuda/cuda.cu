@@ -693,34 +693,67 @@ static void cuda_rope(float *x, const int32_t *pos, int n, int n_heads, int head
            inverse ? -1.0f : 1.0f);
 }
 
-// swiglu, swiglu_bwd: element-wise, EW_BLOCK threads, ew_grid(n) blocks, grid-stride; any n.
-__global__ void k_swiglu(float *h, const float *gg, const float *u, size_t n) {
+// glu, glu_bwd: element-wise, EW_BLOCK threads, ew_grid(n) blocks, grid-stride; any n. The
+// activations are the CPU backend's expressions (kernels.h kern_act_t), with CUDA's expf, erff
+// and tanhf (a few ulp each).
+#define GELU_ALPHA 0.70710678118654752440f    // 1/sqrt(2)
+#define GELU_BETA 0.39894228040143267794f     // 1/sqrt(2 pi)
+#define GELU_TANH_BETA 0.79788456080286535588f   // sqrt(2/pi)
+#define GELU_TANH_KAPPA 0.044715f
+
+__device__ __forceinline__ float act_fwd(float x, int act) {
+    if (act == KERN_ACT_GELU) return x * 0.5f * (1.0f + erff(x * GELU_ALPHA));
+    if (act == KERN_ACT_GELU_TANH) {
+        float inner = GELU_TANH_BETA * (x + GELU_TANH_KAPPA * (x * x * x));
+        return 0.5f * x * (1.0f + tanhf(inner));
+    }
+    return x / (1.0f + expf(-x));
+}
+
+__global__ void k_glu(float *h, const float *gg, const float *u, size_t n, int act) {
+    GRID_STRIDE(i, n) h[i] = act_fwd(gg[i], act) * u[i];
+}
+
+__global__ void k_glu_bwd(float *dg, float *du, const float *dh, const float *gg, const float *u, size_t n, int act) {
     GRID_STRIDE(i, n) {
-        float x = gg[i];
-        h[i] = x / (1.0f + expf(-x)) * u[i];
+        float x = gg[i], d = dh[i];
+        if (act == KERN_ACT_GELU) {
+            float cdf = 0.5f * (1.0f + erff(x * GELU_ALPHA)), pdf = GELU_BETA * expf(x * x * -0.5f);
+            du[i] = d * (x * cdf);
+            dg[i] = d * u[i] * (cdf + x * pdf);
+        } else if (act == KERN_ACT_GELU_TANH) {
+            float x2 = x * x;
+            float z = GELU_TANH_BETA * (x + GELU_TANH_KAPPA * (x2 * x)), t = tanhf(z), c = coshf(z);
+            float sech2 = 1.0f / (c * c);   // 1 - t^2 without cancellation near t = +-1, as on the CPU
+            du[i] = d * (0.5f * x * (1.0f + t));
+            float dact = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_TANH_BETA * (1.0f + 3.0f * GELU_TANH_KAPPA * x2);
+            dg[i] = d * u[i] * dact;
+        } else {
+            float s = 1.0f / (1.0f + expf(-x));
+            float sg = x * s;
+            du[i] = d * sg;
+            dg[i] = d * u[i] * (s + sg * (1.0f - s));
+        }
     }
 }
 
-__global__ void k_swiglu_bwd(float *dg, float *du, const float *dh, const float *gg, const float *u, size_t n) {
-    GRID_STRIDE(i, n) {
-        float s = 1.0f / (1.0f + expf(-gg[i]));
-        float sg = gg[i] * s;
-        float d = dh[i];
-        du[i] = d * sg;
-        dg[i] = d * u[i] * (s + sg * (1.0f - s));
-    }
+static void check_act(const char *op, kern_act_t act) {
+    if ((unsigned)act > KERN_ACT_GELU_TANH) die_size(op, "unknown activation %d", (int)act);
 }
 
-static void cuda_swiglu(float *h, const float *gg, const float *u, size_t n) {
+static void cuda_glu(float *h, const float *gg, const float *u, size_t n, kern_act_t act) {
+    check_act("glu", act);
     if (!n) return;
     ensure_init();
-    LAUNCH(k_swiglu, ew_grid(n), EW_BLOCK, h, gg, u, n);
+    LAUNCH(k_glu, ew_grid(n), EW_BLOCK, h, gg, u, n, (int)act);
 }
 
-static void cuda_swiglu_bwd(float *dg, float *du, const float *dh, const float *gg, const float *u, size_t n) {
+static void cuda_glu_bwd(float *dg, float *du, const float *dh, const float *gg, const float *u, size_t n,
+                         kern_act_t act) {
+    check_act("glu_bwd", act);
     if (!n) return;
     ensure_init();
-    LAUNCH(k_swiglu_bwd, ew_grid(n), EW_BLOCK, dg, du, dh, gg, u, n);
+    LAUNCH(k_glu_bwd, ew_grid(n), EW_BLOCK, dg, du, dh, gg, u, n, (int)act);
 }
 
 // --- attention --------------------------------------------------------------------------------------
@@ -1960,8 +1993,8 @@ static kernels_t make_table(void) {
     k.add_bias = cuda_add_bias;
     k.bias_bwd = cuda_bias_bwd;
     k.rope = cuda_rope;
-    k.swiglu = cuda_swiglu;
-    k.swiglu_bwd = cuda_swiglu_bwd;
+    k.glu = cuda_glu;
+    k.glu_bwd = cuda_glu_bwd;
     k.attn_paged = cuda_attn_paged;
     k.attn_fwd = cuda_attn_fwd;
     k.attn_bwd = cuda_attn_bwd;

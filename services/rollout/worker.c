@@ -220,7 +220,7 @@ static void finish(worker_t *w, int idx) {
 }
 
 static int room_of(const worker_t *w, const wtask_t *k) {
-    int ctx = w->rt->model->cfg.max_position_embeddings;
+    int ctx = hf_config_context(&w->rt->model->cfg);
     return k->t.max_ctx > 0 && (int)k->t.max_ctx < ctx ? (int)k->t.max_ctx : ctx;
 }
 
@@ -275,7 +275,7 @@ static void submit_cont(worker_t *w, wtask_t *k) {
                                 .sp = {.temperature = eval ? 0.0f : k->t.temperature, .top_k = (int)k->t.top_k,
                                        .top_p = k->t.top_p > 0 ? k->t.top_p : 1.0f},
                                 .seed = k->t.seed + g->index * 1000003ull + j * 7919ull + s->turns * 104729ull,
-                                .stop_ids = &w->rt->eos, .n_stop_ids = 1, .stop_strings = stops,
+                                .stop_ids = w->rt->eos_ids, .n_stop_ids = w->rt->n_eos, .stop_strings = stops,
                                 .n_stop_strings = k->t.max_turns > 1 ? 2 : 1, .user = tag(k->wid, i, j + 1)};
             if (gen_submit(w->rt->gen, &rq, err) < 0) {
                 snprintf(k->error, sizeof k->error, "item %u sample %u: %.200s", i, j, err);
@@ -305,8 +305,8 @@ static void submit(worker_t *w, wtask_t *k) {
                             .max_new_tokens = (int)k->t.max_new < room ? (int)k->t.max_new : room,
                             .sp = {.temperature = eval ? 0.0f : k->t.temperature, .top_k = (int)k->t.top_k,
                                    .top_p = k->t.top_p > 0 ? k->t.top_p : 1.0f},
-                            .seed = k->t.seed + k->t.items[i].index * 1000003ull, .stop_ids = &w->rt->eos,
-                            .n_stop_ids = 1, .stop_strings = stops, .n_stop_strings = k->t.max_turns > 1 ? 2 : 1,
+                            .seed = k->t.seed + k->t.items[i].index * 1000003ull, .stop_ids = w->rt->eos_ids,
+                            .n_stop_ids = w->rt->n_eos, .stop_strings = stops, .n_stop_strings = k->t.max_turns > 1 ? 2 : 1,
                             .user = tag(k->wid, i, 0)};
         if (n < 0) snprintf(k->error, sizeof k->error, "item %u: %.200s", i, err);
         else if (rq.max_new_tokens < 1) snprintf(k->error, sizeof k->error, "item %u: prompt of %d tokens fills the context", i, n);

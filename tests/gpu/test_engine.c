@@ -8,6 +8,9 @@
 //     reward rises;
 //   * the continuous-batching generator (through rl_runtime_wrap) produces the same greedy
 //     completions as on the CPU;
+//   * every architecture variant of tests/unit/archutil.h (o_proj and MLP biases, qwen3's q/k norms
+//     with head_dim != hidden/heads, gelu and gelu_tanh, llama3 / yarn / linear / dynamic RoPE,
+//     mistral's window): logits of prefill + decode steps, log-probs, LoRA and full gradients;
 //   * bf16 base weights (model_to_bf16 on the GPU): the conversion is the CPU's rounding bit for
 //     bit, and logits, log-probs and LoRA gradients match the CPU engine on an fp32 model with the
 //     same bf16-rounded matrices (tu_bf16_reference) within bf16 tolerances (below); full-parameter
@@ -43,7 +46,7 @@
 #include "common/engine/optim.h"
 #include "common/rl/rl.h"
 #include "kernels/cuda/cuda.h"
-#include "tests/unit/testutil.h"
+#include "tests/unit/archutil.h"
 
 #define MICRO "models/micro"
 
@@ -633,7 +636,7 @@ Test(engine_cuda, greedy_generation_matches_cpu) {
             gen_request_t rq = {.prompt = tok, .prompt_len = n, .slot = i % 3 == 2 ? 1 : -1,
                                 .n_samples = i % 2 ? 2 : 1, .max_new_tokens = MAXNEW,
                                 .sp = {.temperature = 0.0f, .top_p = 1.0f}, .seed = (uint64_t)i,
-                                .stop_ids = &rt[b]->eos, .n_stop_ids = 1, .user = (uint64_t)i};
+                                .stop_ids = rt[b]->eos_ids, .n_stop_ids = rt[b]->n_eos, .user = (uint64_t)i};
             ids[b][i] = gen_submit(rt[b]->gen, &rq, err);
             cr_assert_geq(ids[b][i], 0, "%s", err);
             free(tok);
@@ -755,4 +758,114 @@ Test(engine_cuda, bf16_weights_match_cpu_on_rounded_weights) {
         for (int s = 0; s < 3; s++) p.s[b].k->free(lg[b][s]);
     for (int s = 0; s < 3; s++) free(host_lg[s]);
     pair_free(&p);
+}
+
+// --- (f) architecture variants --------------------------------------------------------------------------
+
+// The variant's random CPU model and the same weights on the GPU, a random adapter in slot 0 of both.
+static pair_t pair_variant(int v) {
+    pair_t p;
+    char err[ERR_LEN];
+    p.c = au_config(v, 32, 48, 4, 2, 8, 53);
+    p.s[CPU].k = C, p.s[GPU].k = G;
+    p.s[CPU].m = au_model(&p.c, 300 + v);
+    cr_assert_not_null(p.s[CPU].m);
+    p.s[GPU].m = model_new(&p.c, G, err);
+    cr_assert_not_null(p.s[GPU].m, "%s", err);
+    G->to_dev(p.s[GPU].m->params, p.s[CPU].m->params, sizeof(float) * p.s[CPU].m->n_params);
+    for (int b = 0; b < 2; b++) {
+        p.s[b].pool = lora_pool_new(1);
+        p.s[b].e = engine_new(p.s[b].m, p.s[b].pool, err);
+        cr_assert_not_null(p.s[b].e, "%s", err);
+    }
+    // the RoPE tables are computed on the host for both: the same bits
+    size_t nt = (size_t)p.s[CPU].m->n_pos * p.c.head_dim / 2;
+    float *back = malloc(sizeof(float) * nt);
+    G->to_host(back, p.s[GPU].m->rope_cos, sizeof(float) * nt);
+    cr_assert_eq(memcmp(back, p.s[CPU].m->rope_cos, sizeof(float) * nt), 0, "%s: rope tables differ", au_name(v));
+    free(back);
+    pair_adapter(&p, 0, 4, LORA_ALL_TARGETS, 400 + v);
+    return p;
+}
+
+Test(engine_cuda, architecture_variants_match_cpu) {
+    enum { P = 13, NDEC = 6, L0 = 19, L1 = 11 };
+    for (int v = 0; v < AU_N_VARIANTS; v++) {
+        pair_t p = pair_variant(v);
+        char err[ERR_LEN];
+        int V = p.c.vocab_size;
+        // inference: a prefill of 13 tokens on the adapter, then 6 decode steps
+        int32_t tok[P + NDEC];
+        rand_tokens(tok, P + NDEC, V, 90 + v);
+        kvcache_t *kc[2];
+        engine_seq_t q[2][1];
+        engine_seq_t *qp[2] = {q[0], q[1]};
+        for (int b = 0; b < 2; b++) {
+            kc[b] = kvcache_new_on(p.s[b].k, p.c.num_hidden_layers, p.c.num_key_value_heads * p.c.head_dim, 4, 32, 4,
+                                   err);
+            cr_assert_not_null(kc[b], "%s", err);
+            q[b][0] = (engine_seq_t){.tokens = tok, .n_tokens = P, .kv_seq = kvcache_seq_new(kc[b], err), .slot = 0,
+                                     .logits = ENGINE_LOGITS_ALL};
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%s prefill", au_name(v));
+        float dl = step_both(&p, kc, qp, 1, P, 1e-3f, what);
+        for (int t = 0; t < NDEC; t++) {
+            for (int b = 0; b < 2; b++)
+                q[b][0].tokens = tok + P + t, q[b][0].n_tokens = 1, q[b][0].logits = ENGINE_LOGITS_LAST;
+            snprintf(what, sizeof what, "%s decode %d", au_name(v), t);
+            dl = fmaxf(dl, step_both(&p, kc, qp, 1, 1, 1e-3f, what));
+        }
+        for (int b = 0; b < 2; b++) kvcache_destroy(&kc[b]);
+        // training: log-probs, then CE with LoRA and full-parameter gradients
+        int32_t t0[L0], t1[L1];
+        rand_tokens(t0, L0, V, 70 + v);
+        rand_tokens(t1, L1, V, 80 + v);
+        float w0[L0], w1[L1];
+        for (int t = 0; t < L0; t++) w0[t] = t >= 3;
+        for (int t = 0; t < L1; t++) w1[t] = t >= 2;
+        engine_train_seq_t ts[2] = {{.tokens = t0, .len = L0, .slot = 0, .weight = w0},
+                                    {.tokens = t1, .len = L1, .slot = -1, .weight = w1}};
+        float lp[2][2][L0], *lpp[2][2] = {{lp[0][0], lp[0][1]}, {lp[1][0], lp[1][1]}};
+        for (int b = 0; b < 2; b++)
+            cr_assert_eq(engine_logprobs(p.s[b].e, ts, 2, 1.0f, lpp[b], NULL, err), 0, "%s", err);
+        float dlp = fmaxf(tu_max_abs_diff(lp[GPU][0], lp[CPU][0], L0, NULL),
+                          tu_max_abs_diff(lp[GPU][1], lp[CPU][1], L1, NULL));
+        cr_assert_lt(dlp, 2e-4f, "%s: log-probs max |cuda - cpu| %g", au_name(v), dlp);
+        loss_cfg_t lc = {.kind = LOSS_CE, .temperature = 1.0f};
+        size_t np = p.s[CPU].m->n_params, na = lora_pool_get(p.s[CPU].pool, 0)->n_params;
+        float *mg[2], *lg[2][1], *host_mg = malloc(sizeof(float) * np), *host_lg[1] = {malloc(sizeof(float) * na)};
+        for (int b = 0; b < 2; b++) {
+            mg[b] = p.s[b].k->alloc(sizeof(float) * np);
+            lg[b][0] = p.s[b].k->alloc(sizeof(float) * na);
+            cr_assert_eq(engine_train(p.s[b].e, ts, 2, &lc, mg[b], lg[b], NULL, 0, err), 0, "%s", err);
+        }
+        G->to_host(host_mg, mg[GPU], sizeof(float) * np);
+        G->to_host(host_lg[0], lg[GPU][0], sizeof(float) * na);
+        int tensors = 0;
+        double worst_l = compare_lora_grads(&p, 1, lg[CPU], host_lg, 1e-3, &tensors);
+        size_t sizes[MODEL_N_TENSORS], off = 0;
+        model_param_sizes(&p.c, sizes);
+        double worst_m = 0.0;
+        for (int i = 0; i < MODEL_N_TENSORS; i++) {
+            if (sizes[i]) {
+                double mx;
+                size_t w = 0;
+                double e = rel_err(host_mg + off, mg[CPU] + off, sizes[i], &mx, &w);
+                cr_assert_gt(mx, 0.0, "%s model tensor %d: zero gradient", au_name(v), i);
+                cr_assert_lt(e, 1e-3, "%s model tensor %d: relative error %g at %zu", au_name(v), i, e, w);
+                worst_m = fmax(worst_m, e);
+            }
+            off += sizes[i];
+        }
+        fprintf(stderr, "engine_cuda %s: logits %.3g, log-probs %.3g, LoRA gradients %.3g, model gradients %.3g\n",
+                au_name(v), (double)dl, (double)dlp, worst_l, worst_m);
+        for (int b = 0; b < 2; b++) {
+            p.s[b].k->free(mg[b]);
+            p.s[b].k->free(lg[b][0]);
+        }
+        free(host_mg);
+        free(host_lg[0]);
+        pair_free(&p);
+    }
 }

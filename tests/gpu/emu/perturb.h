@@ -1,8 +1,8 @@
 // perturb.h - GPU-like numerics for the emulator's second build (tests/gpu/emu/run.sh): the
-// results of expf/logf (CUDA: <= 2 ulp) and exp/log (double) are moved by up to 2 ulp (float)
+// results of expf/logf/erff/tanhf/coshf (CUDA: <= 2 ulp) and exp/log (double) are moved by up to 2 ulp (float)
 // or 1 ulp (double) at random, so that the tests' tolerances are checked against errors of the
 // size CUDA's math library makes. EMU_SEED=<n> varies the sequence. Included by the transformed
-// cuda.cu right after its own headers; redefines the four names for the rest of that file.
+// cuda.cu right after its own headers; redefines the seven names for the rest of that file.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -48,7 +48,26 @@ static inline double emu_log(double x) {
     double r = log(x);
     return (r == 0.0 || isinf(r)) ? r : emu_pd(r);
 }
+static inline float emu_erff(float x) {
+    float r = erff(x);
+    if (r == 0.0f || r == 1.0f || r == -1.0f) return r;
+    r = emu_pf(r);
+    return r > 1.0f ? 1.0f : r < -1.0f ? -1.0f : r;
+}
+static inline float emu_tanhf(float x) {
+    float r = tanhf(x);
+    if (r == 0.0f || r == 1.0f || r == -1.0f) return r;
+    r = emu_pf(r);
+    return r > 1.0f ? 1.0f : r < -1.0f ? -1.0f : r;   // CUDA's tanhf stays within [-1, 1]
+}
+static inline float emu_coshf(float x) {
+    float r = coshf(x);
+    return (r == 1.0f || isinf(r)) ? r : emu_pf(r);
+}
 #define expf emu_expf
+#define coshf emu_coshf
+#define erff emu_erff
+#define tanhf emu_tanhf
 #define logf emu_logf
 #define exp emu_exp
 #define log emu_log
