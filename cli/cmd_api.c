@@ -96,6 +96,7 @@ int cmd_submit(int argc, char **argv) {
         {"staleness", required_argument, 0, 'z'}, {"weight", required_argument, 0, 'w'},
         {"reward-endpoint", required_argument, 0, 'R'}, {"max-new", required_argument, 0, 'x'},
         {"max-turns", required_argument, 0, 'M'}, {"env-endpoint", required_argument, 0, 'V'},
+        {"chat", no_argument, 0, 'c'},            {"system", required_argument, 0, 'y'},
         {"help", no_argument, 0, 'h'},            {0}};
     int o, bad = 0;
     optind = 1;
@@ -109,6 +110,8 @@ int cmd_submit(int argc, char **argv) {
         case 'T': cJSON_AddStringToObject(spec, "task", optarg); break;
         case 'n': cJSON_AddStringToObject(spec, "name", optarg); break;
         case 'v': cJSON_AddStringToObject(spec, "verifier", optarg); break;
+        case 'c': cJSON_AddBoolToObject(spec, "chat", true); break;
+        case 'y': cJSON_AddStringToObject(spec, "system", optarg); break;
         case 'M': case 'V': {
             cJSON *env = cJSON_GetObjectItem(spec, "env");
             if (!env) env = cJSON_AddObjectToObject(spec, "env");
@@ -135,10 +138,13 @@ int cmd_submit(int argc, char **argv) {
                    "                      [--name NAME] [--steps N] [--group G] [--prompts B] [--lr LR] [--rank R]\n"
                    "                      [--temperature T] [--staleness ETA] [--weight W] [--eval-every K] [--eval-n N]\n"
                    "                      [--target-accuracy A] [--max-new T] [--reward-endpoint tcp://...]\n"
-                   "                      [--max-turns N] [--env-endpoint tcp://...]\n"
+                   "                      [--max-turns N] [--env-endpoint tcp://...] [--chat [--system TEXT]]\n"
                    "Submits a job and prints its id. Flags override the fields of --spec; the job spec reference\n"
-                   "is in the README. A dataset (one {\"prompt\": ..., \"answer\": ...} object per line) is checked\n"
-                   "here before it is sent; its job's task is named after the file unless --task names it.\n"
+                   "is in the README. A dataset (one {\"prompt\": ..., \"answer\": ...} or {\"messages\": [...],\n"
+                   "\"answer\": ...} object per line) is checked here before it is sent; its job's task is named\n"
+                   "after the file unless --task names it.\n"
+                   "  --chat         prompts go through the model's chat template as user messages (spec.chat)\n"
+                   "  --system TEXT  a system message before each prompt (spec.system; needs --chat)\n"
                    "  --token TOKEN  the tenant's token (default: $MARLAAS_TOKEN; `marlaas tenant create` prints it)\n"
                    "  --api ENDPOINT the scheduler's API (default: $MARLAAS_API, else tcp://127.0.0.1:7000)\n");
             cJSON_Delete(spec);
@@ -192,6 +198,12 @@ int cmd_submit(int argc, char **argv) {
         dataset_t *ds = NULL;
         if (verify_spec_parse(&vs, cJSON_IsString(vj) ? vj->valuestring : "exact", err) == 0)
             ds = dataset_parse(dataset, data, dlen, &vs, err);
+        long line = ds ? dataset_messages_line(ds) : 0;
+        if (line && !cJSON_IsTrue(cJSON_GetObjectItem(spec, "chat"))) {
+            snprintf(err, sizeof err, "%s:%ld: a record with \"messages\" needs a chat job: add --chat (the model's "
+                     "chat template renders them)", dataset, line);
+            dataset_destroy(&ds);
+        }
         if (!ds) {
             fprintf(stderr, "marlaas submit: %s\n", err);
             cJSON_Delete(spec);
@@ -211,6 +223,8 @@ int cmd_submit(int argc, char **argv) {
         proto_rep_t rep;
         if (!call(c, "job_submit", &a, &rep)) {
             printf("%s\n", proto_args_get_str(&rep.result, "job"));
+            const char *notes = proto_args_get_str(&rep.result, "notes");
+            if (notes) fprintf(stderr, "marlaas submit: note: %s\n", notes);
             proto_rep_free(&rep);
             rc = 0;
         }
@@ -420,7 +434,10 @@ int cmd_watch(int argc, char **argv) {
 // --- adapter pull / generate ---------------------------------------------------------------------
 
 // Fetches a job's adapter (latest or version) and writes it in PEFT layout to dir.
-static int pull(client_t *c, const char *job, long version, const char *dir, bool verbose, char *err) {
+// The adapter_config.json names base_model (NULL: the base the scheduler names, i.e. config.json's
+// _name_or_path or the scheduler's model folder).
+static int pull(client_t *c, const char *job, long version, const char *dir, const char *base_model, bool verbose,
+                char *err) {
     proto_args_t a = {0};
     proto_args_str(&a, "job", job);
     if (version >= 0) proto_args_int(&a, "version", version);
@@ -434,7 +451,13 @@ static int pull(client_t *c, const char *job, long version, const char *dir, boo
         goto done;
     }
     lora_t *ad = lora_deserialize(blob->s, blob->len, &mc, kernels_cpu(), err);
+    if (!base_model) base_model = proto_args_get_str(&rep.result, "base_model");
+    if (ad && base_model && strlen(base_model) >= sizeof ad->cfg.base_model) {
+        err_set(err, "base model name longer than %zu bytes", sizeof ad->cfg.base_model - 1);
+        lora_destroy(&ad);
+    }
     if (ad) {
+        snprintf(ad->cfg.base_model, sizeof ad->cfg.base_model, "%s", base_model ? base_model : "");
         rc = lora_save(ad, dir, err);
         lora_destroy(&ad);
     }
@@ -448,21 +471,25 @@ done:
 
 int cmd_adapter(int argc, char **argv) {
     conn_t cn = {0};
-    const char *out = NULL;
+    const char *out = NULL, *base = NULL;
     long version = -1;
     static struct option lo[] = {{"api", required_argument, 0, 'a'}, {"token", required_argument, 0, 't'},
                                  {"out", required_argument, 0, 'o'}, {"version", required_argument, 0, 'v'},
-                                 {"help", no_argument, 0, 'h'}, {0}};
+                                 {"base-model", required_argument, 0, 'b'}, {"help", no_argument, 0, 'h'}, {0}};
     int o;
     optind = 1;
     while ((o = getopt_long(argc, argv, "o:", lo, NULL)) != -1) {
         if (o == 'a') cn.api = optarg;
         else if (o == 't') cn.token = optarg;
         else if (o == 'o') out = optarg;
+        else if (o == 'b') base = optarg;
         else if (o == 'v') {
             if (cli_int("--version", optarg, 0, 100000000, &version)) return 2;
         } else {
-            printf("usage: marlaas adapter pull JOB -o DIR [--version V]\n");
+            printf("usage: marlaas adapter pull JOB -o DIR [--version V] [--base-model NAME]\n"
+                   "Writes the job's adapter in PEFT layout (adapter_config.json, adapter_model.safetensors).\n"
+                   "  --base-model NAME  base_model_name_or_path in adapter_config.json (default: the base model's\n"
+                   "                     _name_or_path from its config.json, else the scheduler's model folder)\n");
             return o == 'h' ? 0 : 2;
         }
     }
@@ -473,7 +500,7 @@ int cmd_adapter(int argc, char **argv) {
     client_t *c = connect_api(cn.api, cn.token, false);
     if (!c) return 1;
     char err[ERR_LEN] = "";
-    int rc = pull(c, argv[optind + 1], version, out, true, err);
+    int rc = pull(c, argv[optind + 1], version, out, base, true, err);
     if (rc) fprintf(stderr, "marlaas adapter pull: %s\n", err);
     client_destroy(&c);
     return rc ? 1 : 0;
@@ -481,11 +508,13 @@ int cmd_adapter(int argc, char **argv) {
 
 int cmd_generate(int argc, char **argv) {
     conn_t cn = {0};
-    const char *job = NULL, *model = NULL;
+    const char *job = NULL, *model = NULL, *system = NULL;
     long max_new = 32;
+    bool chat = false;
     static struct option lo[] = {{"api", required_argument, 0, 'a'},   {"token", required_argument, 0, 't'},
                                  {"job", required_argument, 0, 'j'},   {"model", required_argument, 0, 'm'},
-                                 {"max-new", required_argument, 0, 'x'}, {"help", no_argument, 0, 'h'}, {0}};
+                                 {"max-new", required_argument, 0, 'x'}, {"chat", no_argument, 0, 'c'},
+                                 {"system", required_argument, 0, 's'}, {"help", no_argument, 0, 'h'}, {0}};
     int o;
     optind = 1;
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -493,15 +522,21 @@ int cmd_generate(int argc, char **argv) {
         else if (o == 't') cn.token = optarg;
         else if (o == 'j') job = optarg;
         else if (o == 'm') model = optarg;
+        else if (o == 'c') chat = true;
+        else if (o == 's') system = optarg;
         else if (o == 'x') {
             if (cli_int("--max-new", optarg, 1, 4096, &max_new)) return 2;
         } else {
-            printf("usage: marlaas generate [--job JOB] [--model DIR] TEXT   (greedy; the job's latest adapter)\n");
+            printf("usage: marlaas generate [--job JOB] [--model DIR] [--max-new N] [--chat [--system TEXT]] TEXT\n"
+                   "Greedy generation with the job's latest adapter (or the base model without --job). The text is\n"
+                   "continued and printed with its continuation up to the first newline; with --chat it is a user\n"
+                   "message (after the --system message) rendered by the model's chat template with the generation\n"
+                   "prompt, and the reply, up to the model's end-of-turn token, is printed.\n");
             return o == 'h' ? 0 : 2;
         }
     }
-    if (argc - optind != 1) {
-        fprintf(stderr, "usage: marlaas generate [--job JOB] [--model DIR] TEXT\n");
+    if (argc - optind != 1 || (system && !chat)) {
+        fprintf(stderr, "usage: marlaas generate [--job JOB] [--model DIR] [--chat [--system TEXT]] TEXT\n");
         return 2;
     }
     char err[ERR_LEN] = "", tmp[] = "/tmp/marlaas-adapter-XXXXXX";
@@ -514,7 +549,7 @@ int cmd_generate(int argc, char **argv) {
     int slot = -1, rc = 1;
     if (job) {
         client_t *c = connect_api(cn.api, cn.token, false);
-        if (!c || !mkdtemp(tmp) || pull(c, job, -1, tmp, false, err)) {
+        if (!c || !mkdtemp(tmp) || pull(c, job, -1, tmp, NULL, false, err)) {
             if (err[0]) fprintf(stderr, "marlaas generate: %s\n", err);
             client_destroy(&c);
             goto done;
@@ -536,15 +571,31 @@ int cmd_generate(int argc, char **argv) {
     }
     int32_t *ids = NULL;
     const char *text = argv[optind];
-    int n = tokenizer_encode(rt->tok, text, strlen(text), &ids, err);
+    // the prompt as a job's would be: the text itself, or the text as a user message rendered by
+    // the chat template (rl_source_prompt of a one-example source)
+    rl_source_t src = {0};
+    task_example_t ex = {.prompt = (char *)text};
+    char *prompt = NULL;
+    if (chat && rl_source_set_chat(&src, rt->chat, rt->chat_error, system, NULL, err) == 0)
+        prompt = rl_source_prompt(&src, &ex, 0, err);
+    else if (!chat)
+        prompt = xstrdup(text);
+    int n = prompt ? tokenizer_encode(rt->tok, prompt, strlen(prompt), &ids, err) : -1;
+    free(prompt);
     if (n < 0) {
         fprintf(stderr, "marlaas generate: %s\n", err);
+        goto done;
+    }
+    if (max_new > rt->max_context - n) max_new = rt->max_context - n;
+    if (max_new < 1) {
+        fprintf(stderr, "marlaas generate: the prompt (%d tokens) fills the context (%d)\n", n, rt->max_context);
+        free(ids);
         goto done;
     }
     const char *nl = "\n";
     gen_request_t rq = {.prompt = ids, .prompt_len = n, .slot = slot, .n_samples = 1, .max_new_tokens = (int)max_new,
                         .sp = {.temperature = 0, .top_p = 1}, .stop_ids = rt->eos_ids, .n_stop_ids = rt->n_eos,
-                        .stop_strings = &nl, .n_stop_strings = 1};
+                        .stop_strings = &nl, .n_stop_strings = chat ? 0 : 1};
     if (gen_submit(rt->gen, &rq, err) < 0 || gen_run(rt->gen, err)) {
         fprintf(stderr, "marlaas generate: %s\n", err);
         free(ids);
@@ -552,7 +603,7 @@ int cmd_generate(int argc, char **argv) {
     }
     free(ids);
     gen_result_t *r = gen_take(rt->gen);
-    printf("%s%s\n", text, r->samples[0].text ? r->samples[0].text : "");
+    printf("%s%s\n", chat ? "" : text, r->samples[0].text ? r->samples[0].text : "");
     gen_result_free(&r);
     rc = 0;
 done:

@@ -18,7 +18,9 @@ static void usage(void) {
            "  --max-turns K model turns of a tool episode (default %d)\n"
            "  --no-tools    tasks with tools run single-turn, no tool answers: the model writes the observations\n"
            "                itself; its one turn gets the whole episode's budget, K x T tokens\n"
-           "  --verifier K  exact | numeric[:tol] | math[:tol] | regex | choice (datasets; default exact)\n",
+           "  --verifier K  exact | numeric[:tol] | math[:tol] | regex | choice (datasets; default exact)\n"
+           "  --chat        prompts (and \"messages\" records) go through the model's chat template; answers end\n"
+           "                at the model's end-of-turn token; --system TEXT adds a system message\n",
            RL_EVAL_MAX_TURNS);
 }
 
@@ -42,7 +44,8 @@ static int eval_one(rl_runtime_t *rt, int slot, rl_source_t *src, int n, int max
 }
 
 int cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *adapter = NULL, *task = NULL, *dataset = NULL, *verifier = NULL;
+    const char *model = NULL, *adapter = NULL, *task = NULL, *dataset = NULL, *verifier = NULL, *system = NULL;
+    bool chat = false;
     long n = 500, max_new = 32, max_turns = RL_EVAL_MAX_TURNS;
     int all = 0;
     bool no_tools = false;
@@ -51,6 +54,7 @@ int cmd_eval(int argc, char **argv) {
                                    {"dataset", required_argument, 0, 'd'}, {"verifier", required_argument, 0, 'v'},
                                    {"n", required_argument, 0, 'n'},       {"max-new", required_argument, 0, 'x'},
                                    {"max-turns", required_argument, 0, 'T'}, {"no-tools", no_argument, 0, 'N'},
+                                   {"chat", no_argument, 0, 'c'},          {"system", required_argument, 0, 's'},
                                    {"help", no_argument, 0, 'h'},          {0}};
     int o;
     optind = 1;
@@ -66,11 +70,13 @@ int cmd_eval(int argc, char **argv) {
         case 'x': if (cli_int("--max-new", optarg, 1, 4096, &max_new)) return 2; break;
         case 'T': if (cli_int("--max-turns", optarg, 1, 64, &max_turns)) return 2; break;
         case 'N': no_tools = true; break;
+        case 'c': chat = true; break;
+        case 's': system = optarg; break;
         case 'h': usage(); return 0;
         default: usage(); return 2;
         }
     }
-    if (!model || (!!task + all + !!dataset) != 1 || optind < argc) {
+    if (!model || (!!task + all + !!dataset) != 1 || optind < argc || (system && !chat)) {
         fprintf(stderr, "marlaas eval: give --model and exactly one of --task, --all, --dataset\n");
         usage();
         return 2;
@@ -102,12 +108,19 @@ int cmd_eval(int argc, char **argv) {
         for (int i = 0; i < task_count() && rc == 0; i++) {
             rl_source_t src = {.task = task_at(i)};
             snprintf(src.name, sizeof src.name, "%s", task_at(i)->name);
+            if (chat && rl_source_set_chat(&src, rt->chat, rt->chat_error, system, NULL, err)) {
+                fprintf(stderr, "marlaas eval: %s\n", err);
+                rc = 1;
+                break;
+            }
             rc = eval_one(rt, slot, &src, (int)n, (int)max_new, (int)max_turns, no_tools, notes);
         }
     } else {
         rl_source_t src;
-        if (rl_source_open(&src, task, dataset, verifier, err)) {
+        if (rl_source_open(&src, task, dataset, verifier, err) ||
+            (chat && rl_source_set_chat(&src, rt->chat, rt->chat_error, system, NULL, err))) {
             fprintf(stderr, "marlaas eval: %s\n", err);
+            rl_source_close(&src);
             rc = 1;
             goto done;
         }

@@ -14,10 +14,10 @@
 #include "common/rl/rl.h"
 
 typedef struct {
-    const char *model, *task, *dataset, *verifier, *out, *metrics, *targets;
-    long steps, group, prompts, rank, eval_every, eval_n, max_new, seed;
+    const char *model, *task, *dataset, *verifier, *out, *metrics, *targets, *system, *weights;
+    long steps, group, prompts, rank, eval_every, eval_n, max_new, seed, max_context;
     double lr, alpha, temperature, kl, clip_low, clip_high, top_p;
-    int no_std;
+    int no_std, chat;
 } opts_t;
 
 static void usage(void) {
@@ -25,9 +25,15 @@ static void usage(void) {
            "                           [--steps N] [--group G] [--prompts B] [--lr LR] [--rank R] [--alpha A]\n"
            "                           [--targets all|q,k,v,o,gate,up,down] [--temperature T] [--top-p P] [--max-new T]\n"
            "                           [--kl BETA] [--clip-low E] [--clip-high E] [--no-std] [--eval-every K]\n"
-           "                           [--eval-n N] [--seed S] [--metrics FILE.jsonl]\n"
+           "                           [--eval-n N] [--seed S] [--metrics FILE.jsonl] [--chat [--system TEXT]]\n"
+           "                           [--weights fp32|bf16] [--max-context N]\n"
            "defaults: steps 200, group 8, prompts 32, lr 3e-3, rank 8, alpha 16, all targets, temperature 1,\n"
-           "top-p 1, max-new 24, kl 0, clip 0.2/0.28, std-normalised advantages, eval every 25 steps on 200 examples\n");
+           "top-p 1, max-new 24, kl 0, clip 0.2/0.28, std-normalised advantages, eval every 25 steps on 200 examples\n"
+           "  --chat          prompts (and \"messages\" records) go through the model's chat template; completions\n"
+           "                  end at the model's end-of-turn token, not at the first newline\n"
+           "  --system TEXT   a system message before each prompt (needs --chat)\n"
+           "  --weights W     base matrices in fp32 (default) or bf16\n"
+           "  --max-context N positions of prompt + completion (default min(the model's, 4096))\n");
 }
 
 static int parse_targets(const char *s, unsigned *mask) {
@@ -66,6 +72,8 @@ static int parse(int argc, char **argv, opts_t *o) {
         {"kl", required_argument, 0, 'K'},          {"clip-low", required_argument, 0, 'c'},
         {"clip-high", required_argument, 0, 'C'},   {"top-p", required_argument, 0, 'p'},
         {"no-std", no_argument, 0, 'N'},            {"help", no_argument, 0, 'h'},
+        {"chat", no_argument, 0, 'H'},              {"system", required_argument, 0, 'Y'},
+        {"weights", required_argument, 0, 'W'},     {"max-context", required_argument, 0, 'X'},
         {0}};
     int c;
     optind = 1;
@@ -95,6 +103,10 @@ static int parse(int argc, char **argv, opts_t *o) {
         case 'C': bad = cli_float("--clip-high", optarg, 0.0, 10.0, &o->clip_high); break;
         case 'p': bad = cli_float("--top-p", optarg, 1e-6, 1.0, &o->top_p); break;
         case 'N': o->no_std = 1; break;
+        case 'H': o->chat = 1; break;
+        case 'Y': o->system = optarg; break;
+        case 'W': o->weights = optarg; bad = strcmp(optarg, "fp32") && strcmp(optarg, "bf16"); break;
+        case 'X': bad = cli_int("--max-context", optarg, 1, 1 << 24, &o->max_context); break;
         case 'h': usage(); exit(0);
         default: usage(); return -1;
         }
@@ -102,6 +114,10 @@ static int parse(int argc, char **argv, opts_t *o) {
     }
     if (!o->model || !o->out || (!!o->task + !!o->dataset) != 1 || optind < argc) {
         fprintf(stderr, "marlaas train-local: --model, --out and exactly one of --task / --dataset are required\n");
+        return -1;
+    }
+    if (o->system && !o->chat) {
+        fprintf(stderr, "marlaas train-local: --system needs --chat\n");
         return -1;
     }
     return 0;
@@ -131,12 +147,18 @@ int cmd_train_local(int argc, char **argv) {
         rl_source_close(&src);
         return 1;
     }
-    rl_runtime_t *rt = rl_runtime_open(o.model, NULL, err);
-    if (!rt) {
+    double t_load = util_now();
+    rl_runtime_cfg_t rcfg = {.bf16 = o.weights && !strcmp(o.weights, "bf16"), .max_context = (int)o.max_context};
+    rl_runtime_t *rt = rl_runtime_open(o.model, &rcfg, err);
+    if (!rt || (o.chat && rl_source_set_chat(&src, rt->chat, rt->chat_error, o.system, NULL, err))) {
         fprintf(stderr, "marlaas train-local: %s\n", err);
+        rl_runtime_close(&rt);
         rl_source_close(&src);
         return 1;
     }
+    fprintf(stderr, "train-local: model %s loaded in %.2f s (%s weights, context %d, KV cache %d tokens)\n", o.model,
+            util_now() - t_load, rt->model->bf16 ? "bf16" : "fp32", rt->max_context,
+            kvcache_total_blocks(rt->kc) * kvcache_block_size(rt->kc));
     FILE *mf = NULL;
     if (o.metrics && !(mf = fopen(o.metrics, "w"))) {
         fprintf(stderr, "marlaas train-local: cannot write %s\n", o.metrics);
@@ -201,8 +223,10 @@ int cmd_train_local(int argc, char **argv) {
             handle[i] = rl_source_example(&src, TASK_TRAIN, idx, &ex[i]);
             free(prompt[i]);
             prompt[i] = NULL;
-            plen[i] = tokenizer_encode(rt->tok, ex[i].prompt, strlen(ex[i].prompt), &prompt[i], err);
-            int room = hf_config_context(mc) - plen[i];
+            char *text = rl_source_prompt(&src, &ex[i], handle[i], err);
+            plen[i] = text ? tokenizer_encode(rt->tok, text, strlen(text), &prompt[i], err) : -1;
+            free(text);
+            int room = rt->max_context - plen[i];
             if (plen[i] < 0 || room < 1) {
                 fprintf(stderr, "marlaas train-local: prompt %s: %s\n", ex[i].prompt, plen[i] < 0 ? err : "too long");
                 goto done;
@@ -211,7 +235,7 @@ int cmd_train_local(int argc, char **argv) {
                                 .max_new_tokens = o.max_new < room ? (int)o.max_new : room,
                                 .sp = {.temperature = (float)o.temperature, .top_p = (float)o.top_p},
                                 .seed = idx * 7777 + 1, .stop_ids = rt->eos_ids, .n_stop_ids = rt->n_eos, .user = (uint64_t)i,
-                                .stop_strings = &nl, .n_stop_strings = 1};
+                                .stop_strings = &nl, .n_stop_strings = o.chat ? 0 : 1};
             if (gen_submit(rt->gen, &rq, err) < 0) {
                 fprintf(stderr, "marlaas train-local: %s\n", err);
                 goto done;

@@ -284,7 +284,9 @@ static void complete(gen_t *g, int idx) {
         o->finish = s->finish;
         if (g->tok) {
             char err[ERR_LEN];
-            o->text = tokenizer_decode(g->tok, o->tokens, o->n, true, err);
+            // the text leaves out the stop token that ended the sample (a special token is left
+            // out anyway; an end-of-sequence token that is not marked special would show)
+            o->text = tokenizer_decode(g->tok, o->tokens, o->finish == GEN_FINISH_EOS ? o->n - 1 : o->n, true, err);
             if (!o->text) o->text = xstrdup("");
             if (o->finish == GEN_FINISH_STOP) {
                 char *cut = strstr(o->text, q->stops[s->stop_hit]);

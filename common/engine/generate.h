@@ -47,7 +47,8 @@ typedef struct {
     float *logprobs;    // (n)
     int n;
     gen_finish_t finish;
-    char *text;         // decoded text (stop string removed); NULL without a tokenizer
+    char *text;         // decoded text without the stop token or stop string that ended it; NULL
+                        // without a tokenizer
 } gen_sample_t;
 
 typedef struct {

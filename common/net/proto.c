@@ -10,6 +10,7 @@
 //   "task"         task: u64   job: str[ID]   ver: u32   kind: 0|1   g: uint [SAMPLES]
 //                  max_new: uint [TOKENS]   temp: f32   top_p: f32   top_k: u32   seed: u64
 //                  items: [ITEMS] array of {i: u64, p: str[TEXT]}
+//                  optional (absent = 1 / 0 / 0): turns: 1..TURNS  ctx: uint [TOKENS]  end: 0|1
 //   "done" and     task: u64   job: str[ID]   ver: u32   kind: 0|1   temp: f32   worker: str[ID]
 //   "scored"       gen_s: f64
 //                  groups: [ITEMS] array of
@@ -708,9 +709,9 @@ static void proto_enc_args(proto_enc_t *e, const proto_args_t *a) {
 // "task"
 
 enum { TK_T, TK_V, TK_TASK, TK_JOB, TK_VER, TK_KIND, TK_G, TK_MAX_NEW, TK_TEMP, TK_TOP_P, TK_TOP_K, TK_SEED,
-       TK_ITEMS, TK_TURNS, TK_CTX, TK_N };
+       TK_ITEMS, TK_TURNS, TK_CTX, TK_END, TK_N };
 static const char *const proto_task_keys[TK_N] = {"t", "v", "task", "job", "ver", "kind", "g", "max_new",
-                                                  "temp", "top_p", "top_k", "seed", "items", "turns", "ctx"};
+                                                  "temp", "top_p", "top_k", "seed", "items", "turns", "ctx", "end"};
 enum { IT_I, IT_P, IT_N };
 static const char *const proto_item_keys[IT_N] = {"i", "p"};
 
@@ -751,6 +752,8 @@ int proto_task_encode(const proto_task_t *m, proto_buf_t *out) {
     proto_enc_uint(&e, m->max_turns ? m->max_turns : 1, PROTO_MAX_TURNS);
     proto_enc_key(&e, "ctx");
     proto_enc_uint(&e, m->max_ctx, PROTO_MAX_TOKENS);
+    proto_enc_key(&e, "end");
+    proto_enc_uint(&e, (uint64_t)m->end, PROTO_END_EOS);
     return proto_enc_end(&e);
 }
 
@@ -772,6 +775,7 @@ int proto_task_decode(const void *frame, size_t len, proto_task_t *m, char *err)
     const msgpack_object *f[TK_N];
     const msgpack_object_array *items = NULL;
     uint64_t kind = 0;
+    uint32_t end = 0;
     if (proto_open(&d, frame, len, &u, proto_task_keys, TK_N, f)) goto fail;
     if (proto_get_uint(&d, f[TK_TASK], "", "task", 0, UINT64_MAX, &m->task_id) ||
         proto_get_str(&d, f[TK_JOB], "", "job", PROTO_ID_LEN, false, &m->job) ||
@@ -785,9 +789,11 @@ int proto_task_decode(const void *frame, size_t len, proto_task_t *m, char *err)
         proto_get_uint(&d, f[TK_SEED], "", "seed", 0, UINT64_MAX, &m->seed) ||
         proto_get_array(&d, f[TK_ITEMS], "", "items", PROTO_MAX_ITEMS, &items) ||
         proto_opt_u32(&d, f[TK_TURNS], "", "turns", 1, PROTO_MAX_TURNS, 1, &m->max_turns) ||
-        proto_opt_u32(&d, f[TK_CTX], "", "ctx", 0, PROTO_MAX_TOKENS, 0, &m->max_ctx))
+        proto_opt_u32(&d, f[TK_CTX], "", "ctx", 0, PROTO_MAX_TOKENS, 0, &m->max_ctx) ||
+        proto_opt_u32(&d, f[TK_END], "", "end", PROTO_END_LINE, PROTO_END_EOS, PROTO_END_LINE, &end))
         goto fail;
     m->kind = (proto_kind_t)kind;
+    m->end = (proto_end_t)end;
     if (items->size) {
         m->items = xcalloc(items->size, sizeof *m->items);
         m->n_items = items->size;

@@ -51,8 +51,15 @@ typedef enum { PROTO_KIND_TRAIN = 0, PROTO_KIND_EVAL = 1 } proto_kind_t;
 
 typedef struct {
     uint64_t index;        // example index within the split (the verifier rebuilds the example)
-    char *prompt;          // prompt text
+    char *prompt;          // prompt text (a chat job's: rendered by the chat template)
 } proto_item_t;
+
+// Where a completion ends besides the model's end-of-sequence tokens and the token limit.
+typedef enum {
+    PROTO_END_LINE = 0,    // also at its first newline: the one-line answers of plain prompts
+                           // (and, multi-turn, at a tool call); the default of frames without "end"
+    PROTO_END_EOS = 1,     // only at an end-of-sequence / end-of-turn token: chat jobs
+} proto_end_t;
 
 typedef struct {
     uint64_t task_id;      // unique per issue (a re-issue gets a new id, same items)
@@ -71,6 +78,7 @@ typedef struct {
     // turns and observations together (0 = the model's context).
     uint32_t max_turns;
     uint32_t max_ctx;
+    proto_end_t end;            // optional on the wire ("end"; absent = PROTO_END_LINE)
 } proto_task_t;
 
 int proto_task_encode(const proto_task_t *m, proto_buf_t *out);

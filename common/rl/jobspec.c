@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/formats/peft.h"
+#include "common/formats/tok_text.h"
 #include "common/tasks/dataset.h"
 #include "common/tasks/tasks.h"
 
@@ -74,6 +75,50 @@ static int get_targets(const cJSON *v, unsigned *out, char *err) {
         if (t < 0) return err_set(err, "spec.targets: unknown target %s", cJSON_IsString(it) ? it->valuestring : "(not a string)");
         *out |= 1u << t;
     }
+    return 0;
+}
+
+// Names a template variable may not take: they are the request's structure (the messages, the
+// generation prompt), or features a job does not have (tools, documents, prefilling).
+static const char *const reserved_vars[] = {"messages", "add_generation_prompt", "continue_final_message", "tools",
+                                            "documents", "chat_template", "tokenize"};
+
+// spec.chat_vars: an object of at most 16 template variables, each named like a Python
+// identifier and holding a boolean, a number, a string (at most JOBSPEC_MAX_CHAT_VAR_STR bytes)
+// or null. Written as compact JSON into out.
+static int get_chat_vars(const cJSON *v, char *out, size_t n, char *err) {
+    if (!cJSON_IsObject(v)) return err_set(err, "spec.chat_vars must be an object of template variables");
+    int count = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        const char *k = it->string;
+        size_t kl = strlen(k);
+        bool ident = kl > 0 && kl < 64 && !(k[0] >= '0' && k[0] <= '9');
+        for (size_t i = 0; ident && i < kl; i++)
+            ident = (k[i] >= 'a' && k[i] <= 'z') || (k[i] >= 'A' && k[i] <= 'Z') || (k[i] >= '0' && k[i] <= '9') || k[i] == '_';
+        if (!ident) return err_set(err, "spec.chat_vars: '%.64s' is not a variable name (letters, digits, _; 1..63 bytes)", k);
+        for (size_t i = 0; i < sizeof reserved_vars / sizeof reserved_vars[0]; i++)
+            if (!strcmp(k, reserved_vars[i]))
+                return err_set(err, "spec.chat_vars.%s is set by the job itself and may not be given", k);
+        if (++count > 16) return err_set(err, "spec.chat_vars holds more than 16 variables");
+        if (cJSON_IsString(it) && strlen(it->valuestring) >= JOBSPEC_MAX_CHAT_VAR_STR)
+            return err_set(err, "spec.chat_vars.%s: a string of at most %d bytes", k, JOBSPEC_MAX_CHAT_VAR_STR - 1);
+        if (cJSON_IsNumber(it) && !isfinite(it->valuedouble))
+            return err_set(err, "spec.chat_vars.%s must be finite", k);
+        if (!cJSON_IsBool(it) && !cJSON_IsNumber(it) && !cJSON_IsString(it) && !cJSON_IsNull(it))
+            return err_set(err, "spec.chat_vars.%s must be true, false, a number, a string or null", k);
+    }
+    if (!count) {
+        out[0] = '\0';
+        return 0;
+    }
+    char *txt = cJSON_PrintUnformatted(v);
+    if (!txt || strlen(txt) >= n) {
+        cJSON_free(txt);
+        return err_set(err, "spec.chat_vars is longer than %zu bytes as JSON", n - 1);
+    }
+    snprintf(out, n, "%s", txt);
+    cJSON_free(txt);
     return 0;
 }
 
@@ -169,6 +214,17 @@ int jobspec_parse(jobspec_t *s, const char *json, char *err) {
                     if (e) break;
                 }
             }
+        } else if (!strcmp(k, "chat")) {
+            if (!cJSON_IsBool(v)) e = err_set(err, "spec.chat must be true or false");
+            s->chat = cJSON_IsTrue(v);
+        } else if (!strcmp(k, "system")) {
+            if (!cJSON_IsString(v) || strlen(v->valuestring) >= sizeof s->system)
+                e = err_set(err, "spec.system must be a string of at most %zu bytes", sizeof s->system - 1);
+            else if (!tok_utf8_valid(v->valuestring, strlen(v->valuestring), NULL))
+                e = err_set(err, "spec.system is not valid UTF-8");
+            else snprintf(s->system, sizeof s->system, "%s", v->valuestring);
+        } else if (!strcmp(k, "chat_vars")) {
+            e = get_chat_vars(v, s->chat_vars, sizeof s->chat_vars, err);
         } else e = err_set(err, "spec: unknown field '%s'", k);
         if (e) goto done;
     }
@@ -187,6 +243,16 @@ int jobspec_parse(jobspec_t *s, const char *json, char *err) {
     if (s->max_turns > 1 && !s->env_endpoint[0] && (s->dataset || !task_find(s->task)->env)) {
         err_set(err, "spec.env.max_turns %d: task '%s' has no tools; give an environment (spec.env.endpoint) or "
                 "use a task with tools (tcalc, tlook; see `marlaas tasks`)", s->max_turns, s->task);
+        goto done;
+    }
+    if (!s->chat && (s->system[0] || s->chat_vars[0])) {
+        err_set(err, "spec.%s needs \"chat\": true (it is given to the model's chat template)",
+                s->system[0] ? "system" : "chat_vars");
+        goto done;
+    }
+    if (s->chat && s->max_turns > 1) {
+        err_set(err, "spec.chat: multi-turn episodes (env.max_turns %d) speak the tool protocol of plain text, not a "
+                "chat template; leave one of them out", s->max_turns);
         goto done;
     }
     if (!s->name[0]) snprintf(s->name, sizeof s->name, "%s", s->task);
@@ -238,6 +304,11 @@ char *jobspec_to_json(const jobspec_t *s) {
         cJSON_AddNumberToObject(r, "max_context", s->max_context);
         if (s->env_endpoint[0]) cJSON_AddStringToObject(r, "endpoint", s->env_endpoint);
         cJSON_AddNumberToObject(r, "timeout_ms", s->env_timeout_ms);
+    }
+    if (s->chat) {
+        cJSON_AddBoolToObject(o, "chat", true);
+        if (s->system[0]) cJSON_AddStringToObject(o, "system", s->system);
+        if (s->chat_vars[0]) cJSON_AddItemToObject(o, "chat_vars", cJSON_Parse(s->chat_vars));
     }
     char *txt = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);

@@ -13,6 +13,10 @@
 
 #include "common/util/util.h"
 
+#define JOBSPEC_MAX_SYSTEM 4096       // bytes of spec.system, with its NUL
+#define JOBSPEC_MAX_CHAT_VARS 2048    // bytes of spec.chat_vars as compact JSON, with its NUL
+#define JOBSPEC_MAX_CHAT_VAR_STR 1024 // bytes of one string value in spec.chat_vars
+
 typedef enum { REWARD_FAIL_ZERO = 0, REWARD_FAIL_JOB = 1 } reward_failure_t;
 
 typedef struct {
@@ -50,6 +54,12 @@ typedef struct {
     int max_context;             // tokens an episode may hold, prompt and observations included (0 = the model's)
     char env_endpoint[256];      // external environment service (tcp://host:port), empty = the task's own tools
     int env_timeout_ms;          // per environment step (default 5000)
+    // chat models: every prompt goes through the base model's chat template (rl.h, rl_source_prompt)
+    bool chat;                   // prompts render as user messages, with the generation prompt; a
+                                 // completion ends at an end-of-sequence / end-of-turn token only
+    char system[JOBSPEC_MAX_SYSTEM];   // system message before each prompt ("" = none); needs chat
+    char chat_vars[JOBSPEC_MAX_CHAT_VARS];   // extra template variables as compact JSON ("" = none),
+                                 // e.g. {"enable_thinking":false}; needs chat
 } jobspec_t;
 
 void jobspec_defaults(jobspec_t *s);

@@ -2,6 +2,7 @@
 // tool episodes for tasks with an environment).
 #include "common/rl/rl.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,20 +13,39 @@
 
 // --- runtime ------------------------------------------------------------------------------------
 
-static rl_runtime_cfg_t cfg_defaults(const rl_runtime_cfg_t *c, const model_t *m) {
-    rl_runtime_cfg_t d = c ? *c : (rl_runtime_cfg_t){0};
-    if (d.n_slots <= 0) d.n_slots = 8;
-    if (d.max_seqs <= 0) d.max_seqs = 512;
-    if (d.kv_blocks <= 0) d.kv_blocks = 256 * ((hf_config_context(&m->cfg) + 15) / 16);
-    if (d.max_batch_tokens <= 0) d.max_batch_tokens = 512;
-    return d;
+// The settings with their defaults filled in (rl.h states the rule); -1 + err for a max_context
+// the model does not have.
+static int cfg_defaults(const rl_runtime_cfg_t *c, const model_t *m, rl_runtime_cfg_t *d, char *err) {
+    *d = c ? *c : (rl_runtime_cfg_t){0};
+    const hf_config_t *mc = &m->cfg;
+    int model_ctx = hf_config_context(mc);
+    if (d->n_slots <= 0) d->n_slots = 8;
+    if (d->max_seqs <= 0) d->max_seqs = 512;
+    if (d->max_context < 0 || d->max_context > model_ctx)
+        return err_set(err, "max_context %d: the model computes %d positions at most", d->max_context, model_ctx);
+    if (d->max_context == 0) d->max_context = model_ctx < RL_DEFAULT_CONTEXT ? model_ctx : RL_DEFAULT_CONTEXT;
+    if (d->kv_mb <= 0) d->kv_mb = RL_DEFAULT_KV_MB;
+    if (d->kv_blocks <= 0) {
+        size_t per_block = 2 * sizeof(float) * 16 * (size_t)mc->num_hidden_layers * (size_t)mc->num_key_value_heads *
+                           (size_t)mc->head_dim;
+        size_t ctx_blocks = ((size_t)d->max_context + 15) / 16, budget = ((size_t)d->kv_mb << 20) / per_block;
+        size_t n = budget < ctx_blocks + 2 ? ctx_blocks + 2 : budget;
+        if (n > 256 * ctx_blocks) n = 256 * ctx_blocks;
+        if (n > INT32_MAX / 2) n = INT32_MAX / 2;
+        d->kv_blocks = (int)n;
+    }
+    if (d->max_batch_tokens <= 0) d->max_batch_tokens = 512;
+    return 0;
 }
 
 rl_runtime_t *rl_runtime_wrap(model_t **model, tokenizer_t **tok, const rl_runtime_cfg_t *cfg, char *err) {
     rl_runtime_t *rt = xcalloc(1, sizeof *rt);
     rt->model = *model, *model = NULL;
     rt->tok = *tok, *tok = NULL;
-    rl_runtime_cfg_t c = cfg_defaults(cfg, rt->model);
+    snprintf(rt->chat_error, sizeof rt->chat_error, "the model has no chat template");
+    rl_runtime_cfg_t c;
+    if (cfg_defaults(cfg, rt->model, &c, err)) goto fail;
+    rt->max_context = c.max_context;
     const hf_config_t *mc = &rt->model->cfg;
     rt->n_eos = hf_config_eos(mc, rt->eos_ids, GEN_MAX_STOP);
     if (rt->n_eos == 0) {
@@ -106,6 +126,9 @@ rl_runtime_t *rl_runtime_open(const char *dir, const rl_runtime_cfg_t *cfg, char
         }
         rt->eos_ids[rt->n_eos++] = gc.eos_token_ids[i];
     }
+    // The chat template is optional: a base model has none, and only chat jobs need one. Why
+    // there is none is kept for the error a chat request gets.
+    rt->chat = chat_template_load(dir, rt->chat_error);
     return rt;
 }
 
@@ -113,6 +136,7 @@ void rl_runtime_close(rl_runtime_t **prt) {
     if (!prt || !*prt) return;
     rl_runtime_t *rt = *prt;
     gen_destroy(&rt->gen);
+    chat_template_destroy(&rt->chat);
     kvcache_destroy(&rt->kc);
     engine_destroy(&rt->engine);
     lora_pool_destroy(&rt->pool);
@@ -184,6 +208,72 @@ float rl_source_verify(const rl_source_t *s, const task_example_t *ex, int handl
     return isfinite(r) ? (r < 0.0f ? 0.0f : r > 1.0f ? 1.0f : r) : 0.0f;
 }
 
+int rl_source_set_chat(rl_source_t *s, const chat_template_t *ct, const char *why_none, const char *system,
+                       const char *chat_vars, char *err) {
+    if (!ct) return err_set(err, "chat prompts need the model's chat template: %s", why_none && *why_none ? why_none : "none");
+    s->chat = ct;
+    s->system = system && *system ? system : NULL;
+    s->chat_vars = chat_vars && *chat_vars ? chat_vars : NULL;
+    return 0;
+}
+
+char *rl_source_prompt(const rl_source_t *s, const task_example_t *ex, int handle, char *err) {
+    const char *msgs = s->ds ? dataset_messages(s->ds, handle) : NULL;
+    if (!s->chat) {
+        if (msgs) {
+            err_set(err, "%s:%ld: a \"messages\" record needs a chat job (\"chat\": true; --chat on the command line)", s->name,
+                    dataset_record_line(s->ds, handle));
+            return NULL;
+        }
+        return xstrdup(ex->prompt);
+    }
+    // {"messages": [system?, the conversation or the user's prompt], "add_generation_prompt": true, vars...}
+    cJSON *req = cJSON_CreateObject(), *arr = NULL;
+    if (s->chat_vars) {
+        cJSON *vars = cJSON_Parse(s->chat_vars);
+        if (!cJSON_IsObject(vars)) {
+            cJSON_Delete(vars), cJSON_Delete(req);
+            err_set(err, "chat_vars is not a JSON object");
+            return NULL;
+        }
+        cJSON_Delete(req);
+        req = vars;
+    }
+    if (msgs) {
+        arr = cJSON_Parse(msgs);
+        ASSERT(cJSON_IsArray(arr));   // validated when the dataset was parsed
+    } else {
+        arr = cJSON_CreateArray();
+        cJSON *u = cJSON_CreateObject();
+        cJSON_AddStringToObject(u, "role", "user");
+        cJSON_AddStringToObject(u, "content", ex->prompt);
+        cJSON_AddItemToArray(arr, u);
+    }
+    if (s->system) {
+        cJSON *sy = cJSON_CreateObject();
+        cJSON_AddStringToObject(sy, "role", "system");
+        cJSON_AddStringToObject(sy, "content", s->system);
+        cJSON_InsertItemInArray(arr, 0, sy);
+    }
+    cJSON_AddItemToObject(req, "messages", arr);
+    cJSON_AddBoolToObject(req, "add_generation_prompt", true);
+    char *txt = cJSON_PrintUnformatted(req);
+    cJSON_Delete(req);
+    if (!txt) {
+        fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
+        abort();
+    }
+    chat_opts_t o = {.add_generation_prompt = true, .force_generation_prompt = true};
+    char e2[ERR_LEN] = "";
+    char *out = chat_render(s->chat, txt, strlen(txt), &o, NULL, e2);
+    cJSON_free(txt);
+    if (!out) {
+        if (s->ds) err_set(err, "%s:%ld: chat template: %s", s->name, dataset_record_line(s->ds, handle), e2);
+        else err_set(err, "chat template: %s", e2);
+    }
+    return out;
+}
+
 // --- GRPO ---------------------------------------------------------------------------------------
 
 void rl_group_advantages(const float *r, int G, bool std_norm, float *adv) {
@@ -246,7 +336,7 @@ static int evaluate_episodes(rl_runtime_t *rt, int slot, const rl_source_t *src,
                              int max_new, int max_turns, rl_eval_t *out, char *err) {
     static const char *const stops[2] = {"\n", ENV_CALL_END};
     const task_t *t = src->task;
-    int ctx = hf_config_context(&rt->model->cfg), rc = -1;
+    int ctx = rt->max_context, rc = -1;
     task_example_t *ex = xcalloc((size_t)n + 1, sizeof *ex);
     char **text = xcalloc((size_t)n + 1, sizeof *text);
     bool *live = xcalloc((size_t)n + 1, sizeof *live);
@@ -323,7 +413,7 @@ int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int asked, i
     out->asked = asked;
     uint64_t *index = NULL;
     int n = rl_source_eval_indices(src, asked, &index);
-    if (max_turns > 0 && !src->ds && src->task && src->task->env) {
+    if (max_turns > 0 && !src->ds && !src->chat && src->task && src->task->env) {
         int rc = evaluate_episodes(rt, slot, src, index, n, max_new, max_turns, out, err);
         free(index);
         if (rc == 0) {
@@ -336,21 +426,26 @@ int rl_evaluate(rl_runtime_t *rt, int slot, const rl_source_t *src, int asked, i
     task_example_t *ex = xcalloc((size_t)n + 1, sizeof *ex);
     int *handle = xcalloc((size_t)n + 1, sizeof(int));
     int rc = -1;
+    // A plain completion ends at its first newline (the built-in tasks' one-line answers); a
+    // chat completion at an end-of-sequence / end-of-turn token only.
     const char *nl = "\n";
     for (int i = 0; i < n; i++) {
         handle[i] = rl_source_example(src, TASK_EVAL, index[i], &ex[i]);
+        char *text = rl_source_prompt(src, &ex[i], handle[i], err);
+        if (!text) goto done;
         int32_t *ids = NULL;
-        int np = tokenizer_encode(rt->tok, ex[i].prompt, strlen(ex[i].prompt), &ids, err);
+        int np = tokenizer_encode(rt->tok, text, strlen(text), &ids, err);
+        free(text);
         if (np < 0) goto done;
-        int room = hf_config_context(&rt->model->cfg) - np;
+        int room = rt->max_context - np;
         gen_request_t rq = {.prompt = ids, .prompt_len = np, .slot = slot, .n_samples = 1,
                             .max_new_tokens = max_new < room ? max_new : room, .sp = {.temperature = 0.0f, .top_p = 1.0f},
                             .seed = (uint64_t)i, .stop_ids = rt->eos_ids, .n_stop_ids = rt->n_eos, .stop_strings = &nl,
-                            .n_stop_strings = 1, .user = (uint64_t)i};
+                            .n_stop_strings = src->chat ? 0 : 1, .user = (uint64_t)i};
         int id = rq.max_new_tokens >= 1 ? gen_submit(rt->gen, &rq, err) : -1;
         free(ids);
         if (id < 0) {
-            if (rq.max_new_tokens < 1) err_set(err, "eval prompt %d does not fit the model's context", i);
+            if (rq.max_new_tokens < 1) err_set(err, "eval prompt %d does not fit the context (%d tokens)", i, rt->max_context);
             goto done;
         }
     }

@@ -11,14 +11,32 @@
 
 #include "common/engine/engine.h"
 #include "common/engine/generate.h"
+#include "common/formats/chat.h"
 #include "common/formats/tokenizer.h"
 #include "common/tasks/dataset.h"
 #include "common/tasks/tasks.h"
 
 // --- runtime --------------------------------------------------------------------------------
+// The context a runtime serves: real models claim 32k-131k positions, and a KV cache sized for
+// many such contexts would not fit any machine, so the runtime bounds it (rl_runtime_cfg_t
+// max_context) and sizes its cache from that bound and a memory budget:
+//   max_context C = the setting, or min(the model's context, RL_DEFAULT_CONTEXT); a setting
+//                   beyond the model's context (hf_config_context) is refused;
+//   KV blocks (16 tokens each) = the setting kv_blocks, or
+//                   min(256 x ceil(C / 16), max(ceil(C / 16) + 2, budget / bytes per block))
+//                   with budget = kv_mb MiB (default RL_DEFAULT_KV_MB) and bytes per block
+//                   2 (K, V) x layers x 16 x kv_heads x head_dim x 4: room for 256 full
+//                   contexts when they fit the budget, never less than one full context.
+// Every prompt + completion the runtime's callers generate stays within C.
+#define RL_DEFAULT_CONTEXT 4096
+#define RL_DEFAULT_KV_MB 1024
+
 typedef struct {
     model_t *model;
     tokenizer_t *tok;
+    chat_template_t *chat;   // the model's chat template (tokenizer_config.json), NULL when it has none
+    char chat_error[ERR_LEN];   // why chat is NULL (no tokenizer_config.json, no template in it, ...)
+    int max_context;         // positions of prompt + completion the runtime serves (see above)
     lora_pool_t *pool;
     engine_t *engine;
     kvcache_t *kc;
@@ -31,7 +49,9 @@ typedef struct {
 
 typedef struct {
     int n_slots;          // adapter slots (default 8)
-    int kv_blocks;        // KV cache blocks of 16 tokens (default: enough for 256 full contexts)
+    int max_context;      // 0: min(model's context, RL_DEFAULT_CONTEXT); refused beyond the model's
+    int kv_mb;            // KV cache budget in MiB (0: RL_DEFAULT_KV_MB), when kv_blocks is 0
+    int kv_blocks;        // KV cache blocks of 16 tokens (0: from max_context and kv_mb, see above)
     int max_seqs;         // live sequences (default 512)
     int max_batch_tokens; // rows per engine step (default 512)
     const kernels_t *k;   // compute backend for rl_runtime_open (NULL = the CPU backend)
@@ -39,7 +59,8 @@ typedef struct {
 } rl_runtime_cfg_t;
 
 // Loads DIR (config.json, model.safetensors or its shards, tokenizer.json, and
-// generation_config.json when present: its eos ids join eos_ids) and builds the runtime.
+// generation_config.json when present: its eos ids join eos_ids; tokenizer_config.json's chat
+// template when there is one) and builds the runtime.
 rl_runtime_t *rl_runtime_open(const char *model_dir, const rl_runtime_cfg_t *cfg, char *err);
 // Builds a runtime around a model and tokenizer the caller hands over (ownership moves).
 rl_runtime_t *rl_runtime_wrap(model_t **model, tokenizer_t **tok, const rl_runtime_cfg_t *cfg, char *err);
@@ -50,6 +71,12 @@ typedef struct {
     const task_t *task;   // a built-in task, or
     dataset_t *ds;        // a user dataset (owned)
     char name[128];
+    // Chat (rl_source_set_chat; borrowed, they must outlive the source): prompts render through
+    // the template as a user message after an optional system message, "messages" records as
+    // their conversation, always with the generation prompt; chat_vars is a JSON object of extra
+    // template variables ({"enable_thinking": false}) or NULL.
+    const chat_template_t *chat;
+    const char *system, *chat_vars;
 } rl_source_t;
 
 // Opens a built-in task by name, or (dataset_path != NULL) a JSONL dataset with a verifier
@@ -59,6 +86,15 @@ void rl_source_close(rl_source_t *s);
 // Example `index` of a split; returns the handle rl_source_verify needs (dataset record).
 int rl_source_example(const rl_source_t *s, task_split_t split, uint64_t index, task_example_t *ex);
 float rl_source_verify(const rl_source_t *s, const task_example_t *ex, int handle, const char *completion);
+// Makes the source a chat source (see rl_source_t); ct NULL with chat wanted is refused with the
+// reason the runtime recorded (why_none). system and chat_vars may be NULL or "".
+int rl_source_set_chat(rl_source_t *s, const chat_template_t *ct, const char *why_none, const char *system,
+                       const char *chat_vars, char *err);
+// The text to tokenize (without special tokens) for an example (handle from rl_source_example):
+// the prompt as it is, or, for a chat source, the conversation rendered by the template with
+// the generation prompt. A "messages" record needs a chat source. Caller frees; NULL + err when
+// the template refuses (its raise_exception, a limit) or the record cannot be rendered.
+char *rl_source_prompt(const rl_source_t *s, const task_example_t *ex, int handle, char *err);
 // The eval examples to score when `want` are asked: the indices (into *idx, caller frees) of at
 // most `want` eval examples whose prompts are pairwise distinct; returns how many. Evals decode
 // greedily, so a repeated prompt only repeats its answer and would overstate the precision. A
@@ -87,7 +123,9 @@ typedef struct {
 
 // Wilson score interval (95%) for k successes out of n.
 void rl_wilson(int k, int n, double *lo, double *hi);
-// Greedy accuracy of the model with adapter `slot` (-1 = base) on `asked` eval examples of src,
+// Greedy accuracy of the model with adapter `slot` (-1 = base) on `asked` eval examples of src
+// (a chat source's prompts rendered by rl_source_prompt, completions ending at an end-of-sequence
+// token only),
 // each distinct prompt once (rl_source_eval_indices: fewer when the held-out set is smaller; a
 // completion counts as correct when its reward is >= 0.5), max_new tokens per model turn.
 // A task with an environment (env.h) runs episodes of up to max_turns turns: a turn ends at a

@@ -12,11 +12,15 @@
 #include <string.h>
 
 #include "common/engine/sampler.h"
+#include "common/formats/tok_text.h"
 #include "common/tasks/math_answer.h"
 #include "common/util/strset.h"
 
 typedef struct {
-    char *prompt;
+    char *prompt;     // the prompt, or the canonical text of the messages (dataset.h)
+    char *messages;   // a "messages" record: the validated conversation as compact JSON; else NULL
+    bool system;      // its conversation starts with a system message
+    long line;        // line number in the file (1-based)
     char **answers;   // >= 1; answers[0] is canonical. VERIFY_REGEX: the pattern text
     int n_answers;
     double value;     // VERIFY_NUMERIC: answers[0] parsed; VERIFY_MATH: its math_answer
@@ -112,6 +116,7 @@ const char *verify_kind_name(verify_kind_t kind) {
 
 static void record_free(record_t *r) {
     free(r->prompt);
+    free(r->messages);
     for (int i = 0; i < r->n_answers; i++) free(r->answers[i]);
     free(r->answers);
     if (r->re) {
@@ -151,6 +156,106 @@ static int take_answer(const char *s, bool is_regex, bool multiline, char **out,
     return 0;
 }
 
+// Keys a record may carry that change nothing: metadata that datasets commonly include. Every
+// other key is refused, so a field that would change the computation (a "system" or "tools"
+// field, a misspelt "answer") is never silently ignored.
+static const char *const metadata_keys[] = {"id", "uid", "idx", "index", "source", "meta", "metadata", "category",
+                                            "subject", "topic", "type", "level", "difficulty", "tags", "split",
+                                            "dataset", "url", "license", "unique_id"};
+
+static bool is_metadata_key(const char *k) {
+    for (size_t i = 0; i < sizeof metadata_keys / sizeof metadata_keys[0]; i++)
+        if (!strcmp(k, metadata_keys[i])) return true;
+    return false;
+}
+
+// A string value that must be well-formed UTF-8 (the tokenizer takes nothing else).
+static int check_utf8(const char *what, const char *s, char *msg, size_t msg_len) {
+    size_t bad = 0;
+    if (tok_utf8_valid(s, strlen(s), &bad)) return 0;
+    snprintf(msg, msg_len, "%s is not valid UTF-8 (byte %zu)", what, bad + 1);
+    return -1;
+}
+
+// Validates an OpenAI-style conversation and fills r->messages (compact JSON, keys in the order
+// role, content), r->system and r->prompt (the canonical text: the content of a lone user
+// message, so that such a record and a "prompt" record with the same text are one prompt for
+// splits and evals; otherwise the compact JSON).
+static int take_messages(record_t *r, const cJSON *m, char *msg, size_t msg_len) {
+    if (!cJSON_IsArray(m)) {
+        snprintf(msg, msg_len, "\"messages\" must be an array of {\"role\", \"content\"} objects");
+        return -1;
+    }
+    int n = cJSON_GetArraySize(m);
+    if (n == 0 || n > DATASET_MAX_MESSAGES) {
+        snprintf(msg, msg_len, "\"messages\" must hold 1..%d messages, not %d", DATASET_MAX_MESSAGES, n);
+        return -1;
+    }
+    cJSON *out = cJSON_CreateArray();
+    int i = 0, rc = -1;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, m) {
+        i++;
+        if (!cJSON_IsObject(e)) {
+            snprintf(msg, msg_len, "messages[%d] is not an object", i - 1);
+            goto done;
+        }
+        const cJSON *role = NULL, *content = NULL, *k;
+        cJSON_ArrayForEach(k, e) {
+            if (!strcmp(k->string, "role")) role = k;
+            else if (!strcmp(k->string, "content")) content = k;
+            else {
+                // tool_calls, name, reasoning_content, ... would change what the template renders
+                snprintf(msg, msg_len, "messages[%d]: unknown key \"%.40s\" (a message holds \"role\" and \"content\")",
+                         i - 1, k->string);
+                goto done;
+            }
+        }
+        if (!cJSON_IsString(role) ||
+            (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") && strcmp(role->valuestring, "assistant"))) {
+            snprintf(msg, msg_len, "messages[%d].role must be \"system\", \"user\" or \"assistant\"", i - 1);
+            goto done;
+        }
+        if (!cJSON_IsString(content)) {
+            snprintf(msg, msg_len, "messages[%d].content must be a string", i - 1);
+            goto done;
+        }
+        char what[48];
+        snprintf(what, sizeof what, "messages[%d].content", i - 1);
+        if (check_utf8(what, content->valuestring, msg, msg_len)) goto done;
+        bool system = !strcmp(role->valuestring, "system");
+        if (!strcmp(role->valuestring, "user") && !content->valuestring[0]) {
+            snprintf(msg, msg_len, "messages[%d]: empty user content", i - 1);
+            goto done;
+        }
+        if (system && i > 1) {
+            snprintf(msg, msg_len, "messages[%d]: a system message may only come first", i - 1);
+            goto done;
+        }
+        if (i == n && strcmp(role->valuestring, "user")) {
+            snprintf(msg, msg_len, "the last message must be the user's (the model writes the assistant's reply)");
+            goto done;
+        }
+        r->system |= system;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "role", role->valuestring);
+        cJSON_AddStringToObject(o, "content", content->valuestring);
+        cJSON_AddItemToArray(out, o);
+    }
+    char *txt = cJSON_PrintUnformatted(out);
+    if (!txt) {
+        fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
+        abort();
+    }
+    r->messages = xstrdup(txt);
+    cJSON_free(txt);
+    r->prompt = xstrdup(n == 1 ? cJSON_GetArrayItem(cJSON_GetArrayItem(out, 0), 1)->valuestring : r->messages);
+    rc = 0;
+done:
+    cJSON_Delete(out);
+    return rc;
+}
+
 // Fills r from one parsed JSON value; on failure writes msg and leaves r for record_free.
 static int record_from_json(record_t *r, const cJSON *j, const verify_spec_t *v, char *msg, size_t msg_len) {
     if (!cJSON_IsObject(j)) {
@@ -158,24 +263,43 @@ static int record_from_json(record_t *r, const cJSON *j, const verify_spec_t *v,
         return -1;
     }
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(j, "messages");
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "answer");
-    if (!p) {
-        snprintf(msg, msg_len, "missing \"prompt\"");
+    if (!p && !ms) {
+        snprintf(msg, msg_len, "missing \"prompt\" (or \"messages\")");
+        return -1;
+    }
+    if (p && ms) {
+        snprintf(msg, msg_len, "give \"prompt\" or \"messages\", not both");
         return -1;
     }
     if (!a) {
         snprintf(msg, msg_len, "missing \"answer\"");
         return -1;
     }
-    if (!cJSON_IsString(p)) {
-        snprintf(msg, msg_len, "\"prompt\" must be a string");
-        return -1;
+    const cJSON *k;
+    cJSON_ArrayForEach(k, j) {
+        if (strcmp(k->string, "prompt") && strcmp(k->string, "messages") && strcmp(k->string, "answer") &&
+            !is_metadata_key(k->string)) {
+            snprintf(msg, msg_len, "unknown key \"%.40s\" (a record holds \"prompt\" or \"messages\", and \"answer\"; "
+                     "metadata keys such as \"id\" are ignored)", k->string);
+            return -1;
+        }
     }
-    if (p->valuestring[0] == '\0') {
-        snprintf(msg, msg_len, "empty \"prompt\"");
-        return -1;
+    if (ms) {
+        if (take_messages(r, ms, msg, msg_len)) return -1;
+    } else {
+        if (!cJSON_IsString(p)) {
+            snprintf(msg, msg_len, "\"prompt\" must be a string");
+            return -1;
+        }
+        if (p->valuestring[0] == '\0') {
+            snprintf(msg, msg_len, "empty \"prompt\"");
+            return -1;
+        }
+        if (check_utf8("\"prompt\"", p->valuestring, msg, msg_len)) return -1;
+        r->prompt = xstrdup(p->valuestring);
     }
-    r->prompt = xstrdup(p->valuestring);
 
     if (cJSON_IsArray(a)) {
         if (v->kind != VERIFY_CHOICE) {
@@ -351,6 +475,7 @@ dataset_t *dataset_parse(const char *name, const char *buf, size_t len, const ve
         }
         record_t *r = &d->rec[d->n];
         memset(r, 0, sizeof *r);
+        r->line = line_no;
         if (record_from_json(r, json, v, msg, sizeof msg) != 0) {
             record_free(r);
             goto fail;
@@ -387,6 +512,30 @@ dataset_t *dataset_load(const char *path, const verify_spec_t *v, char *err) {
 const char *dataset_name(const dataset_t *d) { return d->name; }
 const verify_spec_t *dataset_spec(const dataset_t *d) { return &d->spec; }
 int dataset_size(const dataset_t *d) { return d ? d->n : 0; }
+
+const char *dataset_messages(const dataset_t *d, int record) {
+    return d && record >= 0 && record < d->n ? d->rec[record].messages : NULL;
+}
+
+const char *dataset_record_prompt(const dataset_t *d, int record) {
+    return d && record >= 0 && record < d->n ? d->rec[record].prompt : NULL;
+}
+
+long dataset_record_line(const dataset_t *d, int record) {
+    return d && record >= 0 && record < d->n ? d->rec[record].line : 0;
+}
+
+long dataset_messages_line(const dataset_t *d) {
+    for (int i = 0; d && i < d->n; i++)
+        if (d->rec[i].messages) return d->rec[i].line;
+    return 0;
+}
+
+long dataset_system_line(const dataset_t *d) {
+    for (int i = 0; d && i < d->n; i++)
+        if (d->rec[i].system) return d->rec[i].line;
+    return 0;
+}
 
 int dataset_split_size(const dataset_t *d, task_split_t split) {
     return d ? d->n_split[split == TASK_EVAL ? TASK_EVAL : TASK_TRAIN] : 0;

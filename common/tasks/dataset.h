@@ -1,8 +1,16 @@
 // dataset.h - user datasets: JSONL files of prompt / answer records with a verifier spec, used
 // like a built-in task (examples by split and index, rewards in [0, 1]).
 //
-// Format: one JSON object per line, {"prompt": "...", "answer": "..."}; other keys are
-// ignored. Blank lines (spaces, tabs, '\r' only) are skipped; CRLF line endings and a missing
+// Format: one JSON object per line, {"prompt": "...", "answer": "..."} or, for chat models,
+// {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...], "answer": "..."}
+// (OpenAI style). A conversation holds 1..DATASET_MAX_MESSAGES messages of exactly "role" and
+// "content" (a string; a user's not empty), a system message only first, and ends with a user
+// message: the model writes the reply. Prompts and contents must be well-formed UTF-8. A record
+// may also carry metadata keys, ignored on purpose: id, uid, idx, index, source, meta, metadata,
+// category, subject, topic, type, level, difficulty, tags, split, dataset, url, license,
+// unique_id; any other key is refused (it might be meant to change the computation). Messages
+// are rendered by the model's chat template, which is the job's business (the rl module): a
+// dataset with "messages" needs a job with "chat": true. Blank lines (spaces, tabs, '\r' only) are skipped; CRLF line endings and a missing
 // final newline are fine. Limits: a line is at most DATASET_MAX_LINE bytes (without its line
 // ending), a file holds at most DATASET_MAX_RECORDS records.
 //
@@ -28,6 +36,11 @@
 // Loading is all or nothing: any invalid record refuses the whole file with
 // "NAME:LINE: what is wrong" (LINE 1-based; NAME is the path for dataset_load).
 //
+// The prompt of a "messages" record, for splits, duplicates and what dataset_example returns, is
+// the content of its message when it is a lone user message (so it is the same prompt as a
+// "prompt" record with that text, which a chat job renders as that user message), otherwise
+// the conversation as compact JSON ([{"role":...,"content":...},...], keys in that order).
+//
 // Splits: a record goes to eval when task_prompt_split(prompt) says so (about one prompt in
 // ten, by a hash of its text, so duplicate prompts stay on one side), else to train. A dataset
 // with fewer than 10 records, or whose hash puts every record on one side, uses all records
@@ -45,6 +58,7 @@
 
 #define DATASET_MAX_LINE (64 * 1024)
 #define DATASET_MAX_RECORDS 1000000
+#define DATASET_MAX_MESSAGES 256
 
 typedef enum { VERIFY_EXACT = 0, VERIFY_NUMERIC, VERIFY_REGEX, VERIFY_CHOICE, VERIFY_MATH } verify_kind_t;
 
@@ -74,6 +88,18 @@ int dataset_split_size(const dataset_t *d, task_split_t split);   // records in 
 // Fills ex with copies of example `index` of split (free with task_example_free) and returns
 // its record number, the handle dataset_verify takes.
 int dataset_example(const dataset_t *d, task_split_t split, uint64_t index, task_example_t *ex);
+// The conversation of a "messages" record (compact JSON array), or NULL for a "prompt" record
+// or a record out of range.
+const char *dataset_messages(const dataset_t *d, int record);
+// The prompt of a record (for a "messages" record its canonical text, above), or NULL when
+// out of range. Owned by the dataset.
+const char *dataset_record_prompt(const dataset_t *d, int record);
+// The line of the file a record came from (1-based; 0 when out of range).
+long dataset_record_line(const dataset_t *d, int record);
+// The line of the first record with "messages" / whose conversation starts with a system
+// message; 0 when there is none.
+long dataset_messages_line(const dataset_t *d);
+long dataset_system_line(const dataset_t *d);
 // Reward in [0, 1] of a completion (any bytes) for record; 0 for a record out of range.
 float dataset_verify(const dataset_t *d, int record, const char *completion);
 

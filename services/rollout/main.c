@@ -13,7 +13,9 @@
 static const char *HELP =
     "Generates completions. Connects --work (tasks), --verifiers (a list, or a DNS name that\n"
     "resolves to every verifier; re-resolved every 10 s), --trainer-events and --reports.\n"
-    "extras: --set max_adapters=32 --set max_batch_tokens=512 --set max_queue=64";
+    "extras: --set max_adapters=32 --set max_batch_tokens=512 --set max_queue=64\n"
+    "        --set max_context=N (positions of prompt + completion served; default min(the model's, 4096))\n"
+    "        --set kv_mb=1024 (KV cache budget in MiB; README \"Bring your own model\")";
 
 int main(int argc, char **argv) {
     svc_t s;
@@ -46,7 +48,8 @@ int main(int argc, char **argv) {
     met_window_t tok_win = {0};
     rl_runtime_cfg_t rc_cfg = {.n_slots = atoi(svc_extra(&s, "max_adapters", "32")),
                                .max_batch_tokens = atoi(svc_extra(&s, "max_batch_tokens", "512")), .k = k,
-                               .bf16 = bf16 == 1};
+                               .bf16 = bf16 == 1, .max_context = atoi(svc_extra(&s, "max_context", "0")),
+                               .kv_mb = atoi(svc_extra(&s, "kv_mb", "0"))};
     rl_runtime_t *rt = rl_runtime_open(svc_get(&s, SVC_MODEL), &rc_cfg, err);
     if (!rt) {
         log_error("cannot load the base model: %s (set --model or MARLAAS_MODEL%s)", err,
@@ -79,8 +82,9 @@ int main(int argc, char **argv) {
     double last_resolve = -1e9, last_beat = 0, t_start = util_now();
     uint64_t tasks_in = 0, tasks_out = 0, rejected = 0;
     zpoller_t *poller = zpoller_new(work, events, NULL);
-    log_info("ready: model %s (%s weights), %d adapter slots, id %s", svc_get(&s, SVC_MODEL),
-             rt->model->bf16 ? "bf16" : "fp32", lora_pool_slots(rt->pool), s.id);
+    log_info("ready: model %s (%s weights), %d adapter slots, context %d, KV cache %d tokens, chat template %s, id %s",
+             svc_get(&s, SVC_MODEL), rt->model->bf16 ? "bf16" : "fp32", lora_pool_slots(rt->pool), rt->max_context,
+             kvcache_total_blocks(rt->kc) * kvcache_block_size(rt->kc), rt->chat ? "yes" : "no", s.id);
     while (!svc_stopping()) {
         if (util_now() - last_resolve > 10.0) {
             last_resolve = util_now();

@@ -219,8 +219,10 @@ static void finish(worker_t *w, int idx) {
     w->n_tasks--;
 }
 
+// The positions a task's episodes may fill: the runtime's context (rl.h: max_context), or the
+// job's env.max_context when smaller.
 static int room_of(const worker_t *w, const wtask_t *k) {
-    int ctx = hf_config_context(&w->rt->model->cfg);
+    int ctx = w->rt->max_context;
     return k->t.max_ctx > 0 && (int)k->t.max_ctx < ctx ? (int)k->t.max_ctx : ctx;
 }
 
@@ -295,6 +297,9 @@ static void submit(worker_t *w, wtask_t *k) {
         return;
     }
     int ctx = room_of(w, k);
+    // A plain prompt's completion also ends at its first newline (and, multi-turn, at a tool
+    // call); a chat job's only at an end-of-sequence / end-of-turn token of the model.
+    int n_stops = k->t.end == PROTO_END_EOS ? 0 : k->t.max_turns > 1 ? 2 : 1;
     for (uint32_t i = 0; i < k->t.n_items; i++) {
         int32_t *ids = NULL;
         char err[ERR_LEN];
@@ -306,7 +311,7 @@ static void submit(worker_t *w, wtask_t *k) {
                             .sp = {.temperature = eval ? 0.0f : k->t.temperature, .top_k = (int)k->t.top_k,
                                    .top_p = k->t.top_p > 0 ? k->t.top_p : 1.0f},
                             .seed = k->t.seed + k->t.items[i].index * 1000003ull, .stop_ids = w->rt->eos_ids,
-                            .n_stop_ids = w->rt->n_eos, .stop_strings = stops, .n_stop_strings = k->t.max_turns > 1 ? 2 : 1,
+                            .n_stop_ids = w->rt->n_eos, .stop_strings = stops, .n_stop_strings = n_stops,
                             .user = tag(k->wid, i, 0)};
         if (n < 0) snprintf(k->error, sizeof k->error, "item %u: %.200s", i, err);
         else if (rq.max_new_tokens < 1) snprintf(k->error, sizeof k->error, "item %u: prompt of %d tokens fills the context", i, n);

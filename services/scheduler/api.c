@@ -2,7 +2,9 @@
 #include "services/scheduler/api.h"
 
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <sodium.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,7 @@
 #include "common/engine/lora.h"
 #include "common/net/bus.h"
 #include "common/rl/jobspec.h"
+#include "common/rl/rl.h"
 #include "common/tasks/dataset.h"
 #include "common/util/log.h"
 
@@ -21,6 +24,12 @@ struct api {
     uint64_t n_req, n_err;
     hf_config_t model;
     char *model_json;
+    char base_model[256];          // what pulled adapters name as their base (adapter_get)
+    hf_generation_config_t gen;    // the model's generation_config.json (has_gen: it exists)
+    bool has_gen;
+    char gen_notes[640];           // its settings that sampling here cannot apply
+    const chat_template_t *chat;   // borrowed; NULL when the model has none
+    char chat_error[ERR_LEN];
 };
 
 api_t *api_new(store_t *st, sched_t *sc, const char *admin_token, const char *model_dir, char *err) {
@@ -40,7 +49,34 @@ api_t *api_new(store_t *st, sched_t *sc, const char *admin_token, const char *mo
         free(a);
         return NULL;
     }
+    // PEFT's base_model_name_or_path: the checkpoint's own name when its config.json keeps one
+    // (_name_or_path, e.g. "Qwen/Qwen3-0.6B"), else the folder the scheduler serves.
+    cJSON *cj = cJSON_Parse(a->model_json);
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(cj, "_name_or_path");
+    char *abs = realpath(model_dir, NULL);
+    const char *base = cJSON_IsString(nm) && nm->valuestring[0] ? nm->valuestring : abs ? abs : model_dir;
+    if (strlen(base) < sizeof a->base_model) memcpy(a->base_model, base, strlen(base) + 1);
+    free(abs);
+    cJSON_Delete(cj);
+    snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+    int rc = hf_generation_config_load(&a->gen, path, err);
+    if (rc < 0) {
+        free(a->model_json);
+        free(a);
+        return NULL;
+    }
+    a->has_gen = rc == 0;
+    if (a->has_gen && a->gen.unsupported[0])
+        snprintf(a->gen_notes, sizeof a->gen_notes, "generation_config.json: %s not applied (no counterpart here)",
+                 a->gen.unsupported);
+    if (a->gen_notes[0]) log_warn("%s", a->gen_notes);
+    snprintf(a->chat_error, sizeof a->chat_error, "the model has no chat template");
     return a;
+}
+
+void api_set_chat(api_t *a, const chat_template_t *ct, const char *why_none) {
+    a->chat = ct;
+    snprintf(a->chat_error, sizeof a->chat_error, "%s", why_none ? why_none : "");
 }
 
 void api_destroy(api_t **pa) {
@@ -187,6 +223,88 @@ static int count_active(api_t *a, const char *tenant, char *err) {
     return active;
 }
 
+// Appends a note (one line of what the submission changed or could not apply) to notes.
+static void note(char *notes, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void note(char *notes, size_t n, const char *fmt, ...) {
+    size_t used = strlen(notes);
+    if (used + 3 >= n) return;
+    if (used) used += (size_t)snprintf(notes + used, n - used, "; ");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(notes + used, n - used, fmt, ap);
+    va_end(ap);
+}
+
+// The model's generation_config.json fills the sampling fields the spec does not give, before
+// the spec is stored, so the canonical spec shows the values used. A value outside the spec's
+// range is not applied; do_sample false (greedy, which would give GRPO identical samples) keeps
+// this service's defaults. Both are noted, as are the file's settings with no counterpart here.
+static void apply_generation_config(const api_t *a, const cJSON *given, jobspec_t *spec, char *notes, size_t n) {
+    if (!a->has_gen) return;
+    const hf_generation_config_t *g = &a->gen;
+    bool any = g->has_temperature || g->has_top_p || g->has_top_k || g->has_max_new_tokens;
+    if (g->has_do_sample && !g->do_sample) {
+        if (any) note(notes, n, "generation_config.json has do_sample false (greedy): its sampling settings are not applied");
+        return;
+    }
+    if (g->has_temperature && !cJSON_HasObjectItem(given, "temperature")) {
+        if (g->temperature > 0 && g->temperature <= 10) spec->temperature = g->temperature;
+        else note(notes, n, "generation_config.json temperature %g is outside (0, 10]: not applied", g->temperature);
+    }
+    if (g->has_top_p && !cJSON_HasObjectItem(given, "top_p")) {
+        if (g->top_p > 0 && g->top_p <= 1) spec->top_p = g->top_p;
+        else note(notes, n, "generation_config.json top_p %g is outside (0, 1]: not applied", g->top_p);
+    }
+    if (g->has_top_k && !cJSON_HasObjectItem(given, "top_k")) {
+        if (g->top_k >= 0 && g->top_k <= 1000000) spec->top_k = g->top_k;
+        else note(notes, n, "generation_config.json top_k %d is outside 0..1000000: not applied", g->top_k);
+    }
+    if (g->has_max_new_tokens && !cJSON_HasObjectItem(given, "max_new")) {
+        if (g->max_new_tokens >= 1 && g->max_new_tokens <= 1024) spec->max_new = g->max_new_tokens;
+        else note(notes, n, "generation_config.json max_new_tokens %d is outside spec.max_new's 1..1024: not applied",
+                  g->max_new_tokens);
+    }
+    if (a->gen_notes[0]) note(notes, n, "%s", a->gen_notes);
+}
+
+// Chat jobs: every prompt the job can ever issue is rendered once now (all records of a dataset,
+// one example of a built-in task), so a template that refuses a conversation refuses the
+// submission with the record's line instead of failing the job later.
+static int check_chat(const api_t *a, const jobspec_t *spec, dataset_t *ds, char *err) {
+    long line = ds ? dataset_messages_line(ds) : 0;
+    if (!spec->chat) {
+        if (line)
+            return err_set(err, "uploaded dataset:%ld: a record with \"messages\" needs \"chat\": true in the job spec "
+                           "(the model's chat template renders them)", line);
+        return 0;
+    }
+    if (!a->chat) return err_set(err, "spec.chat: the base model has no chat template (%s)", a->chat_error);
+    if (spec->system[0] && ds && (line = dataset_system_line(ds)))
+        return err_set(err, "uploaded dataset:%ld: the conversation has its own system message and spec.system is set: "
+                       "give one or the other", line);
+    rl_source_t src = {.task = ds ? NULL : task_find(spec->task), .ds = ds};
+    snprintf(src.name, sizeof src.name, "uploaded dataset");
+    if (rl_source_set_chat(&src, a->chat, a->chat_error, spec->system, spec->chat_vars, err)) return -1;
+    int n = ds ? dataset_size(ds) : 1;
+    for (int i = 0; i < n; i++) {
+        task_example_t ex = {0};
+        if (ds) ex.prompt = xstrdup(dataset_record_prompt(ds, i));
+        else task_example(src.task, TASK_TRAIN, 0, &ex);
+        char *text = rl_source_prompt(&src, &ex, i, err);
+        task_example_free(&ex);
+        if (!text) return -1;
+        size_t len = strlen(text);
+        free(text);
+        if (len > PROTO_MAX_TEXT) {
+            if (ds)
+                return err_set(err, "uploaded dataset:%ld: the rendered prompt has %zu bytes, more than a task carries (%u)",
+                               dataset_record_line(ds, i), len, PROTO_MAX_TEXT);
+            return err_set(err, "the rendered prompt has %zu bytes, more than a task carries (%u)", len, PROTO_MAX_TEXT);
+        }
+    }
+    return 0;
+}
+
 static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, proto_args_t *res, char *err) {
     const char *spec_txt = proto_args_get_str(&q->args, "spec");
     if (!spec_txt) return err_set(err, "job_submit: spec (JSON) required");
@@ -197,13 +315,20 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
     size_t data_len = data ? dv->len : 0;
     if (spec.dataset && !data) return err_set(err, "job_submit: spec.dataset is true but no dataset was uploaded");
     if (!spec.dataset && data) return err_set(err, "job_submit: a dataset was uploaded but spec.dataset is not true");
+    dataset_t *ds = NULL;
     if (data) {
         verify_spec_t vs;
         if (verify_spec_parse(&vs, spec.verifier, err)) return -1;
-        dataset_t *ds = dataset_parse("uploaded dataset", data, data_len, &vs, err);
+        ds = dataset_parse("uploaded dataset", data, data_len, &vs, err);
         if (!ds) return -1;
-        dataset_destroy(&ds);
     }
+    int crc = check_chat(a, &spec, ds, err);
+    dataset_destroy(&ds);
+    if (crc) return -1;
+    char notes[1536] = "";
+    cJSON *given = cJSON_Parse(spec_txt);   // parsed above, so an object: which fields the user gave
+    apply_generation_config(a, given, &spec, notes, sizeof notes);
+    cJSON_Delete(given);
     char key[256], quota_s[32] = "16";
     char *qv = NULL;
     store_key(a->st, key, sizeof key, "tenant:%s", tenant);
@@ -248,9 +373,9 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
     char *canon = jobspec_to_json(&spec);
     snprintf(now, sizeof now, "%ld", (long)time(NULL));
     store_key(a->st, key, sizeof key, "job:%s", id);
-    const char *f[8] = {"tenant", "spec", "status", "step", "adapter_version", "created", "updated", "issued"};
-    const char *v[8] = {tenant, canon, "queued", "0", "0", now, now, "0"};
-    rc = store_hset(a->st, key, 8, f, v, err);
+    const char *f[9] = {"tenant", "spec", "status", "step", "adapter_version", "created", "updated", "issued", "notes"};
+    const char *v[9] = {tenant, canon, "queued", "0", "0", now, now, "0", notes};
+    rc = store_hset(a->st, key, notes[0] ? 9 : 8, f, v, err);
     free(canon);
     if (rc) goto fail;
     const char *m[1] = {id};
@@ -261,6 +386,7 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
     free(blob);
     if (sched_add_job(a->sc, id, err)) return -1;
     proto_args_str(res, "job", id);
+    if (notes[0]) proto_args_str(res, "notes", notes);
     logj_info(id, "submitted by tenant %s: task %s, %d steps", tenant, spec.task, spec.max_steps);
     return 0;
 fail:
@@ -365,6 +491,7 @@ static int op_adapter_get(api_t *a, const char *tenant, bool admin, const proto_
     proto_args_int(res, "version", ver);
     proto_args_bin(res, "blob", blob, len);
     proto_args_bin(res, "model_config", a->model_json, strlen(a->model_json));
+    proto_args_str(res, "base_model", a->base_model);
     free(blob);
     return 0;
 }

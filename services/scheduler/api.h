@@ -8,12 +8,14 @@
 //
 // Operations (arguments -> results):
 //   tenant_create  name, [quota]                    -> tenant, token          (admin)
-//   job_submit     spec (JSON), [dataset] (JSONL)   -> job
+//   job_submit     spec (JSON), [dataset] (JSONL)   -> job, [notes] (what of the model's
+//                                                     generation_config.json was applied or not)
 //   job_list                                        -> jobs (JSON array)
 //   job_status     job                              -> status (JSON object)
 //   job_cancel     job                              -> status
 //   job_metrics    job, [count]                     -> metrics (JSON array, oldest first)
-//   adapter_get    job, [version]                   -> version, blob (PEFT safetensors), model_config (JSON)
+//   adapter_get    job, [version]                   -> version, blob (PEFT safetensors), model_config (JSON),
+//                                                     base_model (for adapter_config.json)
 //   ping                                            -> time                   (any valid token)
 #ifndef MARLAAS_API_H
 #define MARLAAS_API_H
@@ -27,6 +29,9 @@ typedef struct api api_t;
 
 api_t *api_new(store_t *st, sched_t *sc, const char *admin_token, const char *model_dir, char *err);
 void api_destroy(api_t **a);
+// The base model's chat template (borrowed; NULL with the reason when it has none): chat jobs
+// are refused without one, and every prompt of a chat job is rendered at submission.
+void api_set_chat(api_t *a, const chat_template_t *ct, const char *why_none);
 // Reads and answers every request waiting on the ROUTER socket.
 void api_serve(api_t *a, zsock_t *router);
 // Requests answered so far, and how many of them with an error.

@@ -51,6 +51,7 @@ int main(int argc, char **argv) {
     zsock_t *api_sock = NULL, *work = NULL, *events = NULL, *reports = NULL;
     sched_t *sc = NULL;
     api_t *api = NULL;
+    chat_template_t *chat = NULL;
     // like every endpoint a service owns, the API binds its port on all interfaces, so one setting
     // (tcp://scheduler:7000) serves the scheduler and its clients alike
     svc_bind_endpoint(&s, SVC_API, ep, sizeof ep);
@@ -76,6 +77,13 @@ int main(int argc, char **argv) {
         rc = 1;
         goto done;
     }
+    // The chat template (optional: only chat jobs need one), shared by the API (submission
+    // checks) and the issuing of tasks (rendering).
+    char chat_err[ERR_LEN] = "";
+    chat = chat_template_load(svc_get(&s, SVC_MODEL), chat_err);
+    if (!chat) log_info("no chat template: chat jobs are refused (%s)", chat_err);
+    sched_set_chat(sc, chat, chat_err);
+    api_set_chat(api, chat, chat_err);
     int restored = sched_restore(sc, err);
     if (restored < 0) log_warn("jobs not restored: %s", err);
     log_info("ready: policy %s, %d jobs restored, id %s", pol, restored < 0 ? 0 : restored, s.id);
@@ -138,6 +146,7 @@ int main(int argc, char **argv) {
 done:
     api_destroy(&api);
     sched_destroy(&sc);
+    chat_template_destroy(&chat);
     zsock_destroy(&reports);
     zsock_destroy(&events);
     zsock_destroy(&work);

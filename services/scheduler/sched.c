@@ -71,6 +71,8 @@ struct sched {
     zsock_t *work;
     zsock_t *events;
     hf_config_t model;
+    const chat_template_t *chat;   // the base model's chat template (borrowed), NULL when it has none
+    char chat_error[ERR_LEN];      // why there is none
     sched_cfg_t cfg;
     sjob_t **jobs;
     int n_jobs, cap_jobs;
@@ -104,6 +106,11 @@ static void hset(sched_t *s, const char *job, int n, const char **f, const char 
 }
 
 void sched_set_events(sched_t *s, zsock_t *pub) { s->events = pub; }
+
+void sched_set_chat(sched_t *s, const chat_template_t *ct, const char *why_none) {
+    s->chat = ct;
+    snprintf(s->chat_error, sizeof s->chat_error, "%s", why_none ? why_none : "");
+}
 
 // One progress event (best effort: PUB drops for slow subscribers by design).
 static void publish(sched_t *s, const sjob_t *j, const char *what, double acc) {
@@ -269,7 +276,10 @@ static int job_source(sched_t *s, sjob_t *j, rl_source_t *src) {
     if (!j->spec.dataset) src->task = task_find(j->spec.task);
     else if (!j->ds) j->ds = jobdata_dataset(s->st, j->id, &j->spec, err);
     src->ds = j->ds;
-    if (src->task || src->ds) return 0;
+    snprintf(src->name, sizeof src->name, "%s", j->spec.task);
+    if ((src->task || src->ds) &&
+        (!j->spec.chat || !rl_source_set_chat(src, s->chat, s->chat_error, j->spec.system, j->spec.chat_vars, err)))
+        return 0;
     set_state(s, j, JS_FAILED, err[0] ? err : "task source unavailable");
     return -1;
 }
@@ -282,17 +292,28 @@ static int issue(sched_t *s, sjob_t *j, proto_kind_t kind, const uint64_t *index
     task_example_t ex = {0};
     int rc = -1;
     if (job_source(s, j, &src)) goto done;
+    // Prompts are rendered here, for every kind of job: the scheduler already builds each
+    // prompt's text from (source, split, index) and holds the model folder, so a chat job's
+    // conversation goes through the template in one place, the same one that rendered every
+    // record at submission (api.c), and the rollouts keep tokenizing plain text without special
+    // tokens, knowing nothing of datasets or templates.
     for (uint32_t i = 0; i < n; i++) {
-        rl_source_example(&src, kind == PROTO_KIND_EVAL ? TASK_EVAL : TASK_TRAIN, index[i], &ex);
-        items[i] = (proto_item_t){.index = index[i], .prompt = ex.prompt};
-        ex.prompt = NULL;
+        char err[ERR_LEN];
+        int h = rl_source_example(&src, kind == PROTO_KIND_EVAL ? TASK_EVAL : TASK_TRAIN, index[i], &ex);
+        char *text = rl_source_prompt(&src, &ex, h, err);
         task_example_free(&ex);
+        if (!text) {
+            set_state(s, j, JS_FAILED, err);
+            goto done;
+        }
+        items[i] = (proto_item_t){.index = index[i], .prompt = text};
     }
     proto_task_t t = {.task_id = s->next_task++, .job = j->id, .adapter_version = version, .kind = kind,
                       .group = kind == PROTO_KIND_EVAL ? 1 : (uint32_t)j->spec.group, .max_new = (uint32_t)j->spec.max_new,
                       .temperature = j->spec.temperature, .top_p = j->spec.top_p, .top_k = (uint32_t)j->spec.top_k,
                       .seed = j->spec.seed * 1000003ull + index[0], .n_items = n, .items = items,
-                      .max_turns = (uint32_t)j->spec.max_turns, .max_ctx = (uint32_t)j->spec.max_context};
+                      .max_turns = (uint32_t)j->spec.max_turns, .max_ctx = (uint32_t)j->spec.max_context,
+                      .end = j->spec.chat ? PROTO_END_EOS : PROTO_END_LINE};
     proto_buf_t buf = {0};
     if (proto_task_encode(&t, &buf) || bus_send(s->work, &buf)) {
         proto_buf_free(&buf);

@@ -7,6 +7,7 @@
 #include <czmq.h>
 #include <stdbool.h>
 
+#include "common/formats/chat.h"
 #include "common/formats/hfconfig.h"
 #include "common/net/metrics.h"
 #include "common/net/proto.h"
@@ -44,6 +45,9 @@ int sched_active(const sched_t *s);
 // Publishes job progress on this PUB socket (topic "job", a JSON object per event: job, tenant
 // is not included; status, step, version, eval results).
 void sched_set_events(sched_t *s, zsock_t *pub);
+// The base model's chat template (borrowed; NULL with the reason when it has none): chat jobs'
+// prompts are rendered with it when their tasks are issued.
+void sched_set_chat(sched_t *s, const chat_template_t *ct, const char *why_none);
 
 // Live counters: declares the scheduler's families in m (global and per job); sched_export
 // brings them up to date (call about once a second) and returns the number of queued jobs.
