@@ -202,7 +202,8 @@ static proto_task_t fx_task(void) {
     fx_items[2] = (proto_item_t){0, prompt_bytes};
     return (proto_task_t){.task_id = 0x0123456789abcdefull, .job = "job-α", .adapter_version = UINT32_MAX,
                           .kind = PROTO_KIND_TRAIN, .group = 8, .max_new = 512, .temperature = 0.7f,
-                          .top_p = 0.95f, .top_k = 40, .seed = UINT64_MAX - 1, .n_items = 3, .items = fx_items};
+                          .top_p = 0.95f, .top_k = 40, .seed = UINT64_MAX - 1, .n_items = 3, .items = fx_items,
+                          .end = PROTO_END_EOS};
 }
 
 static int32_t fx_prompt[4] = {1, 2, INT32_MAX, 0};
@@ -322,6 +323,7 @@ static void cmp_task(const proto_task_t *a, const proto_task_t *b) {
     cr_assert_eq(tu_f2u(a->top_p), tu_f2u(b->top_p));
     cr_assert_eq(a->top_k, b->top_k);
     cr_assert_eq(a->seed, b->seed);
+    cr_assert_eq(a->end, b->end);
     cr_assert_eq(a->n_items, b->n_items);
     for (uint32_t i = 0; i < a->n_items; i++) {
         cr_assert_eq(a->items[i].index, b->items[i].index, "item %u", i);
@@ -426,6 +428,55 @@ PROTO_TEST(task_round_trip) {
     cmp_task(&m, &d);
     cr_assert_null(d.items);
     proto_task_free(&d);
+    proto_buf_free(&b);
+}
+
+// A task frame written before "end" existed (no turns, ctx or end keys) still means what it
+// meant: completions end at a newline too.
+PROTO_TEST(task_without_optional_fields) {
+    proto_task_t m = fx_task(), d;
+    proto_buf_t b = {0};
+    char err[ERR_LEN];
+    m.max_turns = 3;
+    m.max_ctx = 50;
+    cr_assert_eq(proto_task_encode(&m, &b), 0);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    cr_assert_eq(msgpack_unpack_next(&u, (const char *)b.data, b.len, NULL), MSGPACK_UNPACK_SUCCESS);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    const msgpack_object_map *root = &u.data.via.map;
+    uint32_t kept = 0;
+    static const char *const optional[] = {"turns", "ctx", "end"};
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) msgpack_pack_map(&pk, kept);
+        for (uint32_t i = 0; i < root->size; i++) {
+            const msgpack_object *k = &root->ptr[i].key;
+            bool drop = false;
+            for (int o = 0; o < 3; o++)
+                drop |= k->via.str.size == strlen(optional[o]) && !memcmp(k->via.str.ptr, optional[o], k->via.str.size);
+            if (drop) continue;
+            if (pass == 0) kept++;
+            else msgpack_pack_object(&pk, *k), msgpack_pack_object(&pk, root->ptr[i].val);
+        }
+    }
+    cr_assert_eq(kept, root->size - 3);
+    cr_assert_eq(proto_task_decode(sb.data, sb.size, &d, err), 0, "%s", err);
+    cr_assert_eq(d.end, PROTO_END_LINE);
+    cr_assert_eq(d.max_turns, 1);
+    cr_assert_eq(d.max_ctx, 0);
+    cr_assert_eq(d.n_items, 3);
+    proto_task_free(&d);
+    // an encoder refuses an end the decoder would refuse
+    proto_buf_t b2 = {0};
+    m.end = (proto_end_t)2;
+    cr_assert_eq(proto_task_encode(&m, &b2), -1);
+    cr_assert_eq(b2.len, 0);
+    proto_buf_free(&b2);
+    msgpack_sbuffer_destroy(&sb);
+    msgpack_unpacked_destroy(&u);
     proto_buf_free(&b);
 }
 
@@ -964,6 +1015,10 @@ PROTO_TEST(task_bad_fields) {
         {K_TASK, "items/0/p", R_LONG, PROTO_MAX_TEXT + 1, "task: field 'items[0].p' is longer than 131072 bytes"},
         {K_TASK, "items/1/p", R_BIN, 1, "task: field 'items[1].p' must be a string"},
         {K_TASK, "items/0/p", R_NUL_STR, 0, "task: field 'items[0].p' contains a NUL byte"},
+        {K_TASK, "end", R_UINT, 2, "task: field 'end' out of range"},
+        {K_TASK, "end", R_NEG, 0, "task: field 'end' out of range"},
+        {K_TASK, "end", R_STR, 0, "task: field 'end' must be an unsigned integer"},
+        {K_TASK, "end", R_TRUE, 0, "task: field 'end' must be an unsigned integer"},
     };
     run_bad_fields(c, sizeof c / sizeof c[0]);
 }
