@@ -407,7 +407,9 @@ static void eval_done(sched_t *s, sjob_t *j) {
     if (j->spec.target_accuracy > 0 && acc >= j->spec.target_accuracy && j->state == JS_RUNNING) {
         drop_tasks(s, j->id);
         set_state(s, j, JS_DONE, NULL);
-    } else if (j->step >= (uint32_t)j->spec.max_steps && j->state == JS_RUNNING) {
+    } else if (j->eval_step >= (uint32_t)j->spec.max_steps && j->state == JS_RUNNING) {
+        // the eval of the final version; a round that started earlier (the job reached
+        // max_steps while it ran) is followed by that one (sched_tick)
         drop_tasks(s, j->id);
         set_state(s, j, JS_DONE, NULL);
     }

@@ -289,8 +289,25 @@ static bool step_episodes(vbatch_t *vb, task_split_t split) {
     return more;
 }
 
+// One debug line per batch: how its samples ended (an end-of-sequence token, a stop string such
+// as a plain prompt's newline, the token limit) and how many texts hold a newline.
+static void log_endings(const proto_batch_t *b) {
+    if (LOGL_DEBUG < log_level) return;
+    unsigned fin[4] = {0}, nl = 0, n = 0;
+    for (uint32_t g = 0; g < b->n_groups; g++)
+        for (uint32_t i = 0; i < b->groups[g].n_samples; i++) {
+            const proto_sample_t *sm = &b->groups[g].samples[i];
+            fin[sm->finish <= PROTO_FIN_LENGTH ? sm->finish : 0]++;
+            nl += sm->text && strchr(sm->text, '\n');
+            n++;
+        }
+    logj_debug(b->job, "task %llu: %u samples ended: eos %u, stop %u, length %u; %u with a newline",
+               (unsigned long long)b->task_id, n, fin[PROTO_FIN_EOS], fin[PROTO_FIN_STOP], fin[PROTO_FIN_LENGTH], nl);
+}
+
 void scorer_add(scorer_t *s, proto_batch_t *b) {
     double t0 = util_now();
+    log_endings(b);
     vbatch_t *vb = xcalloc(1, sizeof *vb);
     vb->b = *b;
     memset(b, 0, sizeof *b);
