@@ -331,8 +331,12 @@ int cmd_train_local(int argc, char **argv) {
         fprintf(stderr, "marlaas train-local: %s\n", err);
         goto done;
     }
-    fprintf(stderr, "train-local: %s accuracy %.1f%% -> %.1f%% in %ld steps, %.0f s; adapter written to %s\n", src.name,
-            100 * acc0, 100 * acc_last, o.steps, util_now() - t_start, o.out);
+    if (acc0 >= 0)
+        fprintf(stderr, "train-local: %s accuracy %.1f%% -> %.1f%% in %ld steps, %.0f s; adapter written to %s\n",
+                src.name, 100 * acc0, 100 * acc_last, o.steps, util_now() - t_start, o.out);
+    else   // --eval-n 0: no eval
+        fprintf(stderr, "train-local: %s, %ld steps, %.0f s; adapter written to %s\n", src.name, o.steps,
+                util_now() - t_start, o.out);
     printf("%s %.4f %.4f %ld %.1f\n", src.name, acc0, acc_last, o.steps, util_now() - t_start);
     rc = 0;
 done:
