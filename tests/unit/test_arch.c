@@ -28,7 +28,7 @@ Test(arch, inference_path_equals_training_path) {
     for (int v = 0; v < AU_N_VARIANTS; v++) {
         char err[ERR_LEN];
         hf_config_t c = variant(v);
-        model_t *m = au_model(&c, 30 + v);
+        model_t *m = tu_model(&c, 30 + v);
         cr_assert_not_null(m);
         lora_pool_t *pool = lora_pool_new(1);
         lora_t *a = tu_adapter(&c, 4, LORA_ALL_TARGETS, 7);
@@ -78,7 +78,7 @@ Test(arch, features_change_the_output) {
     for (int t = 0; t < N; t++) tok[t] = (int32_t)((t * 7 + 3) % 41);
     for (int piece = 0; piece < 5; piece++) {
         hf_config_t c = variant(piece == 4 ? AU_LLAMA3_TANH : piece < 2 ? AU_QWEN3_YARN : AU_LLAMA_BIAS_GELU);
-        model_t *m = au_model(&c, 5);
+        model_t *m = tu_model(&c, 5);
         float base[N], alt[N], *pb[1] = {base}, *pa[1] = {alt};
         lora_pool_t *pool = lora_pool_new(1);
         engine_t *e = engine_new(m, pool, err);
@@ -197,7 +197,7 @@ Test(arch, sliding_window_bounds_the_context) {
     char err[ERR_LEN];
     hf_config_t c = variant(AU_MISTRAL_WINDOW);
     cr_assert_eq(hf_config_context(&c), 40);
-    model_t *m = au_model(&c, 3);
+    model_t *m = tu_model(&c, 3);
     cr_assert_eq(m->n_pos, 40);
     lora_pool_t *pool = lora_pool_new(1);
     engine_t *e = engine_new(m, pool, err);
@@ -232,7 +232,7 @@ Test(arch, bf16_weights_on_every_variant) {
     for (int v = 0; v < AU_N_VARIANTS; v++) {
         char err[ERR_LEN];
         hf_config_t c = variant(v);
-        model_t *m = au_model(&c, 60 + v);
+        model_t *m = tu_model(&c, 60 + v);
         model_t *ref = tu_bf16_reference(m);
         cr_assert_not_null(ref);
         cr_assert_eq(model_to_bf16(m, err), 0, "%s", err);
@@ -259,7 +259,7 @@ Test(arch, variants_save_and_load_bit_exact) {
     tu_tmpdir(dir, sizeof dir, "arch-rt");
     for (int v = 0; v < AU_N_VARIANTS; v++) {
         hf_config_t c = variant(v);
-        model_t *m = au_model(&c, 80 + v);
+        model_t *m = tu_model(&c, 80 + v);
         cr_assert_eq(model_save(m, dir, err), 0, "%s", err);
         model_t *m2 = model_load(dir, kernels_cpu(), err);
         cr_assert_not_null(m2, "%s: %s", au_name(v), err);
@@ -332,7 +332,7 @@ Test(arch, sharded_checkpoints) {
     char dir[256], path[512], err[ERR_LEN];
     tu_tmpdir(dir, sizeof dir, "arch-shards");
     hf_config_t c = variant(AU_QWEN3_YARN);
-    model_t *m = au_model(&c, 4);
+    model_t *m = tu_model(&c, 4);
     cr_assert_eq(model_save(m, dir, err), 0, "%s", err);
     int n = shard_model(dir, 3);
     model_t *m2 = model_load(dir, kernels_cpu(), err);
