@@ -14,30 +14,11 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 # The checker's npm packages (pinned in deploy/k8s/check/package-lock.json) are installed once
-# under build/deploy-check, with npm's cache beside them: later runs need no network, and a
+# under build/deploy-check (tests/npm_install_once.sh): later runs need no network, and a
 # machine that cannot reach the registry skips this test, saying so.
 CHECK=deploy/k8s/check
 MODS=build/deploy-check
-CACHE=$PWD/build/npm-cache
-if [ ! -f $MODS/installed ] || [ $CHECK/package-lock.json -nt $MODS/installed ]; then
-    rm -rf $MODS && mkdir -p $MODS
-    cp $CHECK/package.json $CHECK/package-lock.json $MODS/
-    if ! out=$(cd $MODS && npm ci --no-audit --no-fund --prefer-offline --cache "$CACHE" --loglevel=error 2>&1); then
-        registry=$(npm config get registry 2>/dev/null || echo "the npm registry")
-        if ! why=$(timeout 40 npm ping --fetch-retries=0 --fetch-timeout=30000 --cache "$CACHE" 2>&1); then
-            echo "$out" | tail -n 5
-            # npm 9 writes "npm ERR! code X", npm 10+ "npm error code X"; nothing at all when
-            # timeout stopped it
-            why=$(echo "$why" | sed -n 's/^npm \(ERR!\|error\) \(code \|.*reason: \)//p' | tail -n 1)
-            echo "SKIP: the npm registry ($registry) is unreachable (npm ping: ${why:-no answer within 40 s}); the manifest checker needs its packages (deploy/k8s/check/package-lock.json) once, then runs offline from $MODS"
-            exit 77
-        fi
-        echo "$out"
-        echo "FAILED: npm ci of deploy/k8s/check/package-lock.json, with the registry $registry reachable"
-        exit 1
-    fi
-    touch $MODS/installed
-fi
+bash tests/npm_install_once.sh $CHECK $MODS "the manifest checker's schemas"
 export NODE_PATH=$PWD/$MODS/node_modules
 kver=$(kubectl version --client 2>/dev/null | head -n 1 | grep -o 'v[0-9][0-9.]*' | head -n 1 || true)
 for o in deploy/k8s/overlays/*/; do

@@ -59,28 +59,4 @@ static inline hf_config_t au_config(int v, int D, int F, int H, int KV, int hd, 
     return c;
 }
 
-// Random weights: every norm (q/k norms too) around 1, everything else uniform(-0.3, 0.3), biases
-// included, so every path carries signal.
-static inline model_t *au_model(const hf_config_t *c, uint64_t seed) {
-    char err[ERR_LEN];
-    model_t *m = model_new(c, kernels_cpu(), err);
-    if (!m) {
-        fprintf(stderr, "au_model: %s\n", err);
-        return NULL;
-    }
-    rng_t r;
-    rng_seed(&r, seed);
-    size_t sizes[MODEL_N_TENSORS];
-    model_param_sizes(c, sizes);
-    size_t off = 0;
-    for (int i = 0; i < MODEL_N_TENSORS; i++) {
-        bool norm = i == 1 || i == 9 || i == 13 || i == 16 || i == 17;
-        for (size_t j = 0; j < sizes[i]; j++)
-            m->params[off + j] = norm ? 1.0f + 0.2f * (2.0f * rng_uniform(&r) - 1.0f)
-                                      : 0.3f * (2.0f * rng_uniform(&r) - 1.0f);
-        off += sizes[i];
-    }
-    return m;
-}
-
 #endif

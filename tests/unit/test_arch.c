@@ -7,6 +7,7 @@
 // gradients: test_grad.c.)
 #include <criterion/criterion.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "archutil.h"
@@ -28,7 +29,7 @@ Test(arch, inference_path_equals_training_path) {
     for (int v = 0; v < AU_N_VARIANTS; v++) {
         char err[ERR_LEN];
         hf_config_t c = variant(v);
-        model_t *m = au_model(&c, 30 + v);
+        model_t *m = tu_model(&c, 30 + v);
         cr_assert_not_null(m);
         lora_pool_t *pool = lora_pool_new(1);
         lora_t *a = tu_adapter(&c, 4, LORA_ALL_TARGETS, 7);
@@ -78,7 +79,7 @@ Test(arch, features_change_the_output) {
     for (int t = 0; t < N; t++) tok[t] = (int32_t)((t * 7 + 3) % 41);
     for (int piece = 0; piece < 5; piece++) {
         hf_config_t c = variant(piece == 4 ? AU_LLAMA3_TANH : piece < 2 ? AU_QWEN3_YARN : AU_LLAMA_BIAS_GELU);
-        model_t *m = au_model(&c, 5);
+        model_t *m = tu_model(&c, 5);
         float base[N], alt[N], *pb[1] = {base}, *pa[1] = {alt};
         lora_pool_t *pool = lora_pool_new(1);
         engine_t *e = engine_new(m, pool, err);
@@ -197,7 +198,7 @@ Test(arch, sliding_window_bounds_the_context) {
     char err[ERR_LEN];
     hf_config_t c = variant(AU_MISTRAL_WINDOW);
     cr_assert_eq(hf_config_context(&c), 40);
-    model_t *m = au_model(&c, 3);
+    model_t *m = tu_model(&c, 3);
     cr_assert_eq(m->n_pos, 40);
     lora_pool_t *pool = lora_pool_new(1);
     engine_t *e = engine_new(m, pool, err);
@@ -232,7 +233,7 @@ Test(arch, bf16_weights_on_every_variant) {
     for (int v = 0; v < AU_N_VARIANTS; v++) {
         char err[ERR_LEN];
         hf_config_t c = variant(v);
-        model_t *m = au_model(&c, 60 + v);
+        model_t *m = tu_model(&c, 60 + v);
         model_t *ref = tu_bf16_reference(m);
         cr_assert_not_null(ref);
         cr_assert_eq(model_to_bf16(m, err), 0, "%s", err);
@@ -259,7 +260,7 @@ Test(arch, variants_save_and_load_bit_exact) {
     tu_tmpdir(dir, sizeof dir, "arch-rt");
     for (int v = 0; v < AU_N_VARIANTS; v++) {
         hf_config_t c = variant(v);
-        model_t *m = au_model(&c, 80 + v);
+        model_t *m = tu_model(&c, 80 + v);
         cr_assert_eq(model_save(m, dir, err), 0, "%s", err);
         model_t *m2 = model_load(dir, kernels_cpu(), err);
         cr_assert_not_null(m2, "%s: %s", au_name(v), err);
@@ -332,7 +333,7 @@ Test(arch, sharded_checkpoints) {
     char dir[256], path[512], err[ERR_LEN];
     tu_tmpdir(dir, sizeof dir, "arch-shards");
     hf_config_t c = variant(AU_QWEN3_YARN);
-    model_t *m = au_model(&c, 4);
+    model_t *m = tu_model(&c, 4);
     cr_assert_eq(model_save(m, dir, err), 0, "%s", err);
     int n = shard_model(dir, 3);
     model_t *m2 = model_load(dir, kernels_cpu(), err);
@@ -380,6 +381,63 @@ Test(arch, sharded_checkpoints) {
     free(bad);
     free(good);
     model_destroy(&m2);
+    model_destroy(&m);
+}
+
+// A damaged model.safetensors.index.json (bytes flipped, cut, duplicated, JSON-significant
+// characters inserted) is refused with a message or, where the damage leaves it meaning the same,
+// loads the same weights: never a crash, a sanitizer report or other weights.
+Test(arch, damaged_shard_index_is_refused_or_equal, .timeout = 120) {
+    char dir[256], path[512], err[ERR_LEN];
+    tu_tmpdir(dir, sizeof dir, "arch-shard-fuzz");
+    hf_config_t c = variant(AU_QWEN3_YARN);
+    model_t *m = tu_model(&c, 6);
+    cr_assert_eq(model_save(m, dir, err), 0, "%s", err);
+    shard_model(dir, 2);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    size_t len = 0;
+    char *good = util_read_file(path, &len, err);
+    cr_assert_not_null(good, "%s", err);
+    static const char inserts[] = "{}[]\",:\\/ 0\n.";
+    char *bad = malloc(2 * len + 64);
+    rng_t r;
+    rng_seed(&r, 2024);
+    int refused = 0, loaded = 0;
+    for (int round = 0; round < 400; round++) {
+        memcpy(bad, good, len);
+        size_t n = len;
+        int edits = 1 + (int)(rng_next(&r) % 3);
+        for (int e = 0; e < edits && n > 0; e++) {
+            size_t at = (size_t)(rng_next(&r) % n);
+            switch (rng_next(&r) % 4) {
+            case 0: bad[at] = (char)(rng_next(&r) % 256); break;                       // flip
+            case 1: n = at; break;                                                      // cut
+            case 2: bad[at] = inserts[rng_next(&r) % (sizeof inserts - 1)]; break;     // JSON syntax
+            case 3: {                                                                   // repeat a span
+                size_t span = 1 + (size_t)(rng_next(&r) % 40);
+                if (at + span > n) span = n - at;
+                memmove(bad + at + span, bad + at, n - at);
+                n += span;
+                break;
+            }
+            }
+        }
+        cr_assert_eq(util_write_file(path, bad, n, err), 0, "%s", err);
+        err[0] = '\0';
+        model_t *m2 = model_load(dir, kernels_cpu(), err);
+        if (m2) {
+            loaded++;
+            cr_assert_eq(m2->n_params, m->n_params, "round %d", round);
+            cr_assert_eq(memcmp(m->params, m2->params, sizeof(float) * m->n_params), 0, "round %d: other weights", round);
+            model_destroy(&m2);
+        } else {
+            refused++;
+            cr_assert(err[0], "round %d refused without a message", round);
+        }
+    }
+    cr_assert_gt(refused, 300, "%d of 400 damaged indexes refused", refused);
+    free(bad);
+    free(good);
     model_destroy(&m);
 }
 

@@ -220,7 +220,7 @@ Test(grad, variants_every_base_weight_cross_entropy) {
     for (int v = 0; v < AU_N_VARIANTS; v++) {
         char err[ERR_LEN];
         hf_config_t c = au_config(v, 16, 24, 2, 1, 8, 23);
-        model_t *m = au_model(&c, 41 + v);
+        model_t *m = tu_model(&c, 41 + v);
         cr_assert_not_null(m);
         lora_pool_t *pool = lora_pool_new(1);
         engine_t *e = engine_new(m, pool, err);
@@ -259,7 +259,7 @@ Test(grad, variants_lora_targets_rl_loss) {
     for (int v = 0; v < AU_N_VARIANTS; v++) {
         char err[ERR_LEN];
         hf_config_t c = au_config(v, 16, 24, 2, 1, 8, 23);
-        model_t *m = au_model(&c, 51 + v);
+        model_t *m = tu_model(&c, 51 + v);
         lora_pool_t *pool = lora_pool_new(1);
         engine_t *e = engine_new(m, pool, err);
         lora_t *a = tu_adapter(&c, 2, LORA_ALL_TARGETS, 60 + v);

@@ -47,8 +47,9 @@ static inline model_t *tu_model(const hf_config_t *c, uint64_t seed) {
     model_param_sizes(c, sizes);
     size_t off = 0;
     for (int i = 0; i < MODEL_N_TENSORS; i++) {
-        // norms around 1, everything else uniform(-0.3, 0.3)
-        bool norm = i == 1 || i == 9 || i == 13;
+        // norms (qwen3's q/k norms too) around 1, everything else uniform(-0.3, 0.3); a tensor a
+        // config lacks has size 0 and draws nothing, so older models' weights do not move
+        bool norm = i == 1 || i == 9 || i == 13 || i == 16 || i == 17;
         for (size_t j = 0; j < sizes[i]; j++)
             m->params[off + j] = norm ? 1.0f + 0.2f * (2.0f * rng_uniform(&r) - 1.0f)
                                       : 0.3f * (2.0f * rng_uniform(&r) - 1.0f);
