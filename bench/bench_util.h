@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/util/util.h"
+#include "kernels/kernels.h"
 
 // "machine: CPU, cores, MARLAAS_THREADS, time" on stdout.
 static inline void bench_machine(void) {
@@ -30,8 +31,8 @@ static inline void bench_machine(void) {
     time_t t = time(NULL);
     char ts[64];
     strftime(ts, sizeof ts, "%Y-%m-%d %H:%M UTC", gmtime(&t));
-    printf("machine: %s, %ld cores online, MARLAAS_THREADS=%d, %s\n", model, sysconf(_SC_NPROCESSORS_ONLN),
-           util_threads(), ts);
+    printf("machine: %s, %ld cores online, MARLAAS_THREADS=%d, OpenBLAS kernels %s, %s\n", model,
+           sysconf(_SC_NPROCESSORS_ONLN), util_threads(), kernels_cpu_blas_core(), ts);
 }
 
 // GFLOP/s of C = A B^T (M x K times N x K) at the current thread count, timed for `seconds`.

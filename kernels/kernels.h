@@ -189,6 +189,8 @@ typedef struct kernels {
 
 // The CPU backend (always present).
 const kernels_t *kernels_cpu(void);
+// OpenBLAS's kernel set in use, and how it was chosen (see kernels/cpu/cpu.c), for reports.
+const char *kernels_cpu_blas_core(void);
 // One row of the CPU backend's sample op, with the caller's scratch (w: V floats, idx: V ints):
 // the host sampler of the engine (common/engine/sampler.c) is this function, so the op and the
 // sampler cannot drift apart. Returns the token; *logprob as the op defines it.

@@ -7,8 +7,71 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 #include "kernels/kernels.h"
+
+// --- OpenBLAS's kernel set -------------------------------------------------------------------
+// OpenBLAS picks its kernels from the CPU's family and model when the library loads. A model its
+// table does not know yet (0.3.21, Debian 12's, on Emerald Rapids: family 6 model 207) falls back
+// to "Prescott", the SSE3 kernels: sgemm runs at a sixth of the AVX-512 kernels' speed (26 vs 168
+// GFLOP/s on 2 threads here). The kernels are chosen before main and are fixed after that, so when
+// OpenBLAS reports a pre-AVX2 kernel set on a CPU with AVX2/FMA or AVX-512, the process sets
+// OPENBLAS_CORETYPE to the set the CPU supports and executes itself again, once, before any of
+// its code runs. OPENBLAS_CORETYPE given by the user is left as it is; under valgrind (which
+// reports its own CPU) nothing is done.
+extern char *openblas_get_corename(void) __attribute__((weak));
+
+static char blas_core_note[160];
+
+static bool blas_core_is_legacy(const char *name) {
+    static const char *const legacy[] = {"Prescott", "Katmai",  "Coppermine", "Northwood", "Banias",  "Core2",
+                                         "Penryn",   "Dunnington", "Nehalem", "Atom",      "Sandybridge", "Unknown"};
+    for (size_t i = 0; i < sizeof legacy / sizeof *legacy; i++)
+        if (!strcasecmp(name, legacy[i])) return true;
+    return false;
+}
+
+__attribute__((constructor)) static void blas_core_check(int argc, char **argv, char **envp) {
+    (void)argc;
+    (void)envp;
+    const char *fixed_from = getenv("MARLAAS_BLAS_DETECTED");
+    if (fixed_from && openblas_get_corename) {   // the second start: say what was done
+        snprintf(blas_core_note, sizeof blas_core_note, "%s (OpenBLAS detected %s on this CPU; set by OPENBLAS_CORETYPE)",
+                 openblas_get_corename(), fixed_from);
+        unsetenv("MARLAAS_BLAS_DETECTED");   // children choose for themselves
+        return;
+    }
+    if (!openblas_get_corename || getenv("OPENBLAS_CORETYPE") || !argv || !argv[0]) return;
+    const char *pre = getenv("LD_PRELOAD");
+    if (pre && strstr(pre, "vgpreload")) return;
+    const char *core = openblas_get_corename();
+    if (!core || !blas_core_is_legacy(core)) return;
+    __builtin_cpu_init();
+    const char *want = NULL;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512cd"))
+        want = "SkylakeX";
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        want = "Haswell";
+    if (!want) return;
+    char detected[64];
+    snprintf(detected, sizeof detected, "%s", core);
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    setenv("MARLAAS_BLAS_DETECTED", detected, 1);
+    execv("/proc/self/exe", argv);
+    // Not possible (no /proc): run on, with the slow kernels, and say so.
+    unsetenv("OPENBLAS_CORETYPE");
+    unsetenv("MARLAAS_BLAS_DETECTED");
+    snprintf(blas_core_note, sizeof blas_core_note, "%s (slow: set OPENBLAS_CORETYPE=%s; re-execution failed)", core, want);
+}
+
+const char *kernels_cpu_blas_core(void) {
+    if (blas_core_note[0]) return blas_core_note;
+    if (!openblas_get_corename) return "not OpenBLAS";
+    return openblas_get_corename();
+}
 
 // --- memory --------------------------------------------------------------------------------
 
