@@ -768,7 +768,7 @@ static pair_t pair_variant(int v) {
     char err[ERR_LEN];
     p.c = au_config(v, 32, 48, 4, 2, 8, 53);
     p.s[CPU].k = C, p.s[GPU].k = G;
-    p.s[CPU].m = au_model(&p.c, 300 + v);
+    p.s[CPU].m = tu_model(&p.c, 300 + v);
     cr_assert_not_null(p.s[CPU].m);
     p.s[GPU].m = model_new(&p.c, G, err);
     cr_assert_not_null(p.s[GPU].m, "%s", err);
