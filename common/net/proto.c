@@ -1059,6 +1059,13 @@ fail:
     return -1;
 }
 
+void proto_batch_destroy(proto_batch_t **pb) {
+    if (!pb || !*pb) return;
+    proto_batch_free(*pb);
+    free(*pb);
+    *pb = NULL;
+}
+
 void proto_batch_free(proto_batch_t *m) {
     if (!m) return;
     for (uint32_t i = 0; m->groups && i < m->n_groups; i++) {

@@ -138,6 +138,9 @@ typedef struct {
 int proto_batch_encode(const char *type, const proto_batch_t *m, proto_buf_t *out);
 int proto_batch_decode(const char *type, const void *frame, size_t len, proto_batch_t *m, char *err);
 void proto_batch_free(proto_batch_t *m);
+// A batch on the heap (what the rollout's worker and the verifier's scorer hand out): frees its
+// contents and itself and sets *pb to NULL.
+void proto_batch_destroy(proto_batch_t **pb);
 
 // --- reports -> scheduler ("report") -----------------------------------------------------------
 typedef enum {

@@ -6,6 +6,7 @@
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -342,6 +343,23 @@ void svc_tick(svc_t *s) { metrics_alive(s->met); }
 void svc_busy(svc_t *s, double busy_s, double up_s) {
     metrics_set(s->met, s->m_busy_s, NULL, busy_s);
     metrics_set(s->met, s->m_busy_frac, NULL, met_window_rate(&s->busy_win, up_s, busy_s, 10.0));
+}
+
+void svc_received(svc_t *s) {
+    s->received++;
+    metrics_add(s->met, s->m_received, NULL, 1);
+}
+
+void svc_reject(svc_t *s, const char *job, const char *fmt, ...) {
+    char msg[ERR_LEN + 128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    s->rejected++;
+    metrics_add(s->met, s->m_rejected, NULL, 1);
+    metrics_add(s->met, s->m_errors, NULL, 1);
+    LOG_AT(LOGL_WARN, job, "%s", msg);
 }
 
 void svc_close(svc_t *s) {

@@ -27,6 +27,7 @@
 #define MARLAAS_SVC_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "common/engine/model.h"
 #include "common/net/http.h"
@@ -55,6 +56,7 @@ typedef struct {
     // families every service fills (metrics_def handles)
     met_window_t busy_win;
     int m_redis_up, m_busy_s, m_busy_frac, m_received, m_rejected, m_errors, m_queue;
+    uint64_t received, rejected;   // input messages taken and refused (svc_received, svc_reject)
 } svc_t;
 
 // Parses argv (the common flags above plus --set KEY=VALUE service extras). Prints usage and
@@ -98,6 +100,12 @@ void svc_ready(svc_t *s, bool ready, const char *why_not);
 void svc_tick(svc_t *s);
 // Busy accounting for the common families: busy seconds so far and uptime.
 void svc_busy(svc_t *s, double busy_s, double up_s);
+// An input message taken (the received family and count).
+void svc_received(svc_t *s);
+// The one reject path: an input message refused (malformed, or unusable: a batch for a job this
+// replica does not hold, ...). Counts it (rejected and errors families, s->rejected) and logs
+// one warning line, of the job when job is not NULL. The message is the caller's to free.
+void svc_reject(svc_t *s, const char *job, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 // Stops the HTTP endpoint and frees the registry.
 void svc_close(svc_t *s);
 // True once SIGINT or SIGTERM has been received.

@@ -19,7 +19,7 @@ void worker_add(worker_t *w, proto_task_t *m);
 void worker_add_cont(worker_t *w, proto_batch_t *b);
 // Admits waiting tasks, runs one generation step. Returns rows computed (0 = idle).
 int worker_step(worker_t *w);
-// A finished task's batch ("done"), or NULL; caller frees with proto_batch_free + free.
+// A finished task's batch ("done"), or NULL; caller frees with proto_batch_destroy.
 // A task that failed (adapter missing, prompt too long) comes back with n_groups = 0 and
 // its error in *error (static storage of the worker, valid until the next call).
 proto_batch_t *worker_take(worker_t *w, const char **error);

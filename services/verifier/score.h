@@ -19,7 +19,7 @@ zsock_t **scorer_sockets(scorer_t *s, int *n);
 // Handles replies on any reward socket, retries and times out requests. Call often.
 void scorer_poll(scorer_t *s);
 // A fully scored batch, or NULL. *job_failed is set (and *error filled) when the job's reward
-// service failed and its spec says on_failure = "fail". Caller frees with proto_batch_free + free.
+// service failed and its spec says on_failure = "fail". Caller frees with proto_batch_destroy.
 proto_batch_t *scorer_take(scorer_t *s, bool *job_failed, bool *cont, char *error);
 int scorer_pending(const scorer_t *s);
 double scorer_busy_seconds(const scorer_t *s);

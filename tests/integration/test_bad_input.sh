@@ -92,8 +92,8 @@ done
 count_in() { grep -c "$2" "$RUN/logs/$1.log" 2>/dev/null || true; }
 d_api=$(count_in scheduler "api: malformed request")
 d_rep=$(count_in scheduler "dropped a malformed report")
-d_ver=$(count_in verifier "dropped a malformed message")
-d_tra=$(count_in trainer "dropped a malformed message")
+d_ver=$(count_in verifier "dropped a malformed rollout batch")
+d_tra=$(count_in trainer "dropped a malformed scored batch")
 echo "dropped as malformed: api $d_api, reports $d_rep, verifier $d_ver, trainer $d_tra"
 for n in "api:$d_api" "reports:$d_rep" "verifier:$d_ver" "trainer:$d_tra"; do
     [ "${n#*:}" -gt 0 ] || { echo "FAIL: the ${n%%:*} socket logged no malformed frame"; fail=1; }

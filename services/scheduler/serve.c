@@ -1,0 +1,154 @@
+// serve.c - the scheduler service's handlers (serve.h); the API lives in api.c, the job table
+// and the issuing of work in sched.c.
+#include "services/scheduler/serve.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/net/bus.h"
+#include "common/util/log.h"
+#include "services/scheduler/api.h"
+
+struct scheduler {
+    svc_t *s;
+    zsock_t *api_sock, *work, *events, *reports;
+    sched_t *sc;
+    api_t *api;
+    chat_template_t *chat;
+    uint64_t reports_in;
+    int m_api, m_api_err;
+};
+
+int scheduler_settings(const svc_t *s, sched_cfg_t *cfg, const char **admin) {
+    const char *pol = svc_get(s, SVC_POLICY);
+    if (strcmp(pol, "async") && strcmp(pol, "sync")) {
+        log_error("--policy must be async or sync, got '%s'", pol);
+        return -1;
+    }
+    *cfg = (sched_cfg_t){.policy = strcmp(pol, "sync") ? POLICY_ASYNC : POLICY_SYNC,
+                         .lease_s = atof(svc_extra(s, "lease_s", "60")),
+                         .train_lease_s = atof(svc_extra(s, "train_lease_s", "60")),
+                         .chunk = atoi(svc_extra(s, "chunk", "8"))};
+    *admin = svc_get(s, SVC_ADMIN_TOKEN);
+    if (*admin && !strcmp(*admin, "replace-with-a-random-token")) {
+        // the placeholder of the Kubernetes base (deploy/k8s/base/config.yaml) is public
+        log_error("the admin token is the placeholder of deploy/k8s/base/config.yaml: replace the secret "
+                  "marlaas-admin with a random token; tenants cannot be created until then");
+        *admin = NULL;
+    } else if (!*admin || strlen(*admin) < 8) {
+        log_warn("no admin token of 8+ characters (--admin-token / MARLAAS_ADMIN_TOKEN): tenants cannot be created");
+    }
+    return 0;
+}
+
+scheduler_t *scheduler_open(svc_t *s, store_t *st, const sched_cfg_t *cfg, const char *admin, char *err) {
+    scheduler_t *c = xcalloc(1, sizeof *c);
+    c->s = s;
+    c->m_api = metrics_def(s->met, "marlaas_api_requests_total", MET_COUNTER, "API requests answered.");
+    c->m_api_err = metrics_def(s->met, "marlaas_api_errors_total", MET_COUNTER,
+                               "API requests answered with an error (bad token, invalid spec, unknown job, ...).");
+    hf_config_t mc;
+    char path[4096], ep[256], e2[ERR_LEN];
+    snprintf(path, sizeof path, "%s/config.json", svc_get(s, SVC_MODEL));
+    if (hf_config_load(&mc, path, e2)) {
+        err_set(err, "cannot read the base model's config: %s (set --model or MARLAAS_MODEL)", e2);
+        scheduler_close(&c);
+        return NULL;
+    }
+    // like every endpoint a service owns, the API binds its port on all interfaces, so one setting
+    // (tcp://scheduler:7000) serves the scheduler and its clients alike
+    svc_bind_endpoint(s, SVC_API, ep, sizeof ep);
+    c->api_sock = bus_bind(ZMQ_ROUTER, ep, BUS_DEFAULT_HWM, 64u << 20, err);
+    svc_bind_endpoint(s, SVC_WORK, ep, sizeof ep);
+    if (c->api_sock) c->work = bus_bind(ZMQ_PUSH, ep, 8, 0, err);
+    svc_bind_endpoint(s, SVC_EVENTS, ep, sizeof ep);
+    if (c->work) c->events = bus_bind(ZMQ_PUB, ep, BUS_DEFAULT_HWM, 0, err);
+    svc_bind_endpoint(s, SVC_REPORTS, ep, sizeof ep);
+    // reports are small, but multi-turn continuations carry whole episodes: a frame as large as
+    // a rollout task's results
+    if (c->events) c->reports = bus_bind(ZMQ_PULL, ep, 10000, PROTO_MAX_FRAME, err);
+    if (c->reports) c->sc = sched_new(st, c->work, &mc, cfg, err);
+    if (c->sc) {
+        sched_set_events(c->sc, c->events);
+        sched_set_metrics(c->sc, s->met);
+        c->api = api_new(st, c->sc, admin, svc_get(s, SVC_MODEL), err);
+    }
+    if (!c->api) {
+        scheduler_close(&c);
+        return NULL;
+    }
+    // The chat template (optional: only chat jobs need one), shared by the API (submission
+    // checks) and the issuing of tasks (rendering).
+    char chat_err[ERR_LEN] = "";
+    c->chat = chat_template_load(svc_get(s, SVC_MODEL), chat_err);
+    if (!c->chat) log_info("no chat template: chat jobs are refused (%s)", chat_err);
+    sched_set_chat(c->sc, c->chat, chat_err);
+    api_set_chat(c->api, c->chat, chat_err);
+    int restored = sched_restore(c->sc, e2);
+    if (restored < 0) log_warn("jobs not restored: %s", e2);
+    log_info("ready: policy %s, %d jobs restored, id %s", svc_get(s, SVC_POLICY), restored < 0 ? 0 : restored, s->id);
+    return c;
+}
+
+static void on_api(void *ctx, zsock_t *sock) { api_serve(((scheduler_t *)ctx)->api, sock); }
+
+// A report (a task's results, a step, a failure) or a continuation of multi-turn episodes from a
+// verifier.
+static int on_report(void *ctx, zframe_t *f, char *err) {
+    scheduler_t *c = ctx;
+    char type[32];
+    if (proto_peek_type(zframe_data(f), zframe_size(f), type, err) == 0 && !strcmp(type, "cont")) {
+        char e2[ERR_LEN];
+        if (sched_continue(c->sc, zframe_data(f), zframe_size(f), e2)) return err_set(err, "continuation: %s", e2);
+    } else {
+        proto_report_t r;
+        if (proto_report_decode(zframe_data(f), zframe_size(f), &r, err)) return -1;
+        sched_report(c->sc, &r);
+        proto_report_free(&r);
+    }
+    c->reports_in++;
+    return 0;
+}
+
+// Issuing, lease expiry and completion, every turn: the loop turns at least every 5 ms.
+static int tick(void *ctx) {
+    sched_tick(((scheduler_t *)ctx)->sc);
+    return -1;
+}
+
+static void beat(void *ctx, svc_beat_t *b) {
+    scheduler_t *c = ctx;
+    svc_beat_add(b, "active_jobs", "%d", sched_active(c->sc));
+    svc_beat_add(b, "reports", "%llu", (unsigned long long)c->reports_in);
+    b->queue = sched_export(c->sc);
+    uint64_t nreq, nerr;
+    api_counts(c->api, &nreq, &nerr);
+    metrics_set(c->s->met, c->m_api, NULL, (double)nreq);
+    metrics_set(c->s->met, c->m_api_err, NULL, (double)nerr);
+}
+
+void scheduler_register(scheduler_t *c, svc_loop_t *l) {
+    svc_loop_idle(l, 5);
+    svc_loop_reader(l, c->api_sock, on_api, c);
+    svc_loop_frames(l, c->reports, "report", 1024, on_report, NULL, c);
+    svc_loop_work(l, tick, c);
+    svc_loop_heartbeat(l, beat, c);
+}
+
+void scheduler_close(scheduler_t **pc) {
+    if (!pc || !*pc) return;
+    scheduler_t *c = *pc;
+    if (c->api)
+        log_info("stopping: %llu reports, %llu rejected", (unsigned long long)c->reports_in,
+                 (unsigned long long)c->s->rejected);
+    api_destroy(&c->api);
+    sched_destroy(&c->sc);
+    chat_template_destroy(&c->chat);
+    zsock_destroy(&c->reports);
+    zsock_destroy(&c->events);
+    zsock_destroy(&c->work);
+    zsock_destroy(&c->api_sock);
+    free(c);
+    *pc = NULL;
+}

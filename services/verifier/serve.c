@@ -1,0 +1,157 @@
+// serve.c - the verifier service's handlers (serve.h); the scoring lives in score.c.
+#include "services/verifier/serve.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/net/bus.h"
+#include "common/util/log.h"
+#include "services/verifier/score.h"
+
+struct verifier {
+    svc_t *s;
+    scorer_t *sc;
+    zsock_t *in, *train, *rep;
+    uint64_t scored;
+    int m_batches, m_samples, m_cont, m_job_samples, m_job_correct, m_job_reward, m_job_errors;
+};
+
+verifier_t *verifier_open(svc_t *s, store_t *st, char *err) {
+    verifier_t *v = xcalloc(1, sizeof *v);
+    v->s = s;
+    metrics_t *met = s->met;
+    v->m_batches = metrics_def(met, "marlaas_verifier_batches_total", MET_COUNTER, "Batches fully scored.");
+    v->m_samples = metrics_def(met, "marlaas_verifier_samples_total", MET_COUNTER, "Samples scored.");
+    v->m_cont = metrics_def(met, "marlaas_verifier_continuations_total", MET_COUNTER,
+                            "Batches sent back for another turn of their episodes.");
+    v->m_job_samples = metrics_def_job(met, "marlaas_verifier_job_samples_total", MET_COUNTER, "Samples scored, per job.");
+    v->m_job_correct = metrics_def_job(met, "marlaas_verifier_job_correct_total", MET_COUNTER,
+                                       "Samples with reward >= 0.5, per job.");
+    v->m_job_reward = metrics_def_job(met, "marlaas_verifier_job_reward_sum_total", MET_COUNTER,
+                                      "Sum of rewards, per job (mean reward = rate of this / rate of samples).");
+    v->m_job_errors = metrics_def_job(met, "marlaas_verifier_job_errors_total", MET_COUNTER,
+                                      "Samples whose scoring failed (reward service error or timeout), per job.");
+    char ep[256];
+    v->sc = scorer_new(st, err);
+    svc_bind_endpoint(s, SVC_VERIFIERS, ep, sizeof ep);
+    if (v->sc) v->in = bus_bind(ZMQ_PULL, ep, BUS_DEFAULT_HWM, PROTO_MAX_FRAME, err);
+    if (v->in) v->train = bus_connect(ZMQ_PUSH, svc_get(s, SVC_TRAINER), BUS_DEFAULT_HWM, 0, err);
+    if (v->train) v->rep = bus_connect(ZMQ_PUSH, svc_get(s, SVC_REPORTS), BUS_DEFAULT_HWM, 0, err);
+    if (!v->rep) {
+        verifier_close(&v);
+        return NULL;
+    }
+    log_info("ready: listening on %s, id %s", ep, s->id);
+    return v;
+}
+
+// A "done" batch from a rollout: scoring starts.
+static int on_batch(void *ctx, zframe_t *f, char *err) {
+    verifier_t *v = ctx;
+    proto_batch_t b;
+    if (proto_batch_decode("done", zframe_data(f), zframe_size(f), &b, err)) return -1;
+    scorer_add(v->sc, &b);
+    return 0;
+}
+
+static zsock_t **reward_sockets(void *ctx, int *n) { return scorer_sockets(((verifier_t *)ctx)->sc, n); }
+
+// Episodes awaiting their next turn go back to the rollouts through the scheduler, which holds
+// the task's lease.
+static void send_continuation(verifier_t *v, const proto_batch_t *b) {
+    proto_buf_t buf = {0};
+    if (proto_batch_encode("cont", b, &buf) == 0 && bus_send(v->rep, &buf)) {
+        logj_warn(b->job, "task %llu: scheduler unreachable or queue full; episodes dropped (re-issued when the lease "
+                  "ends)", (unsigned long long)b->task_id);
+        metrics_add(v->s->met, v->s->m_errors, NULL, 1);
+    } else {
+        metrics_add(v->s->met, v->m_cont, NULL, 1);
+    }
+    proto_buf_free(&buf);
+}
+
+// A scored batch: training groups to the trainer, the task's results to the scheduler.
+static void send_scored(verifier_t *v, const proto_batch_t *b) {
+    metrics_t *met = v->s->met;
+    proto_report_t r = {.kind = PROTO_REP_EPISODES, .job = b->job, .source = v->s->id, .task_id = b->task_id,
+                        .task_kind = b->kind, .adapter_version = b->adapter_version};
+    for (uint32_t g = 0; g < b->n_groups; g++)
+        for (uint32_t k = 0; k < b->groups[g].n_samples; k++) {
+            const proto_sample_t *ps = &b->groups[g].samples[k];
+            r.n++;
+            r.reward_sum += ps->reward;
+            r.correct += ps->reward >= 0.5f;
+            r.errors += ps->failed;
+        }
+    proto_buf_t buf = {0};
+    if (b->kind == PROTO_KIND_TRAIN && proto_batch_encode("scored", b, &buf) == 0 && bus_send(v->train, &buf)) {
+        logj_warn(b->job, "task %llu: trainer unreachable or queue full; dropped (re-issued by the scheduler)",
+                  (unsigned long long)b->task_id);
+        metrics_add(met, v->s->m_errors, NULL, 1);
+    }
+    metrics_add(met, v->m_batches, NULL, 1);
+    metrics_add(met, v->m_samples, NULL, r.n);
+    metrics_add(met, v->m_job_samples, b->job, r.n);
+    metrics_add(met, v->m_job_correct, b->job, r.correct);
+    metrics_add(met, v->m_job_reward, b->job, r.reward_sum);
+    if (r.errors) metrics_add(met, v->m_job_errors, b->job, r.errors);
+    proto_buf_free(&buf);
+    if (!proto_report_encode(&r, &buf)) bus_send(v->rep, &buf);
+    proto_buf_free(&buf);
+    v->scored++;
+}
+
+static void send_job_failed(verifier_t *v, const proto_batch_t *b, const char *why) {
+    proto_buf_t buf = {0};
+    proto_report_t f = {.kind = PROTO_REP_JOB_FAILED, .job = b->job, .source = v->s->id, .error = (char *)why};
+    if (!proto_report_encode(&f, &buf)) bus_send(v->rep, &buf);
+    proto_buf_free(&buf);
+    metrics_add(v->s->met, v->s->m_errors, NULL, 1);
+}
+
+// Reward-service replies, retries and timeouts, then every batch that is done. While requests are
+// out the loop turns at least every 10 ms to serve their timeouts.
+static int work(void *ctx) {
+    verifier_t *v = ctx;
+    scorer_poll(v->sc);
+    proto_batch_t *b;
+    bool job_failed, cont;
+    char why[ERR_LEN];
+    while ((b = scorer_take(v->sc, &job_failed, &cont, why))) {
+        if (job_failed) send_job_failed(v, b, why);
+        else if (cont) send_continuation(v, b);
+        else send_scored(v, b);
+        proto_batch_destroy(&b);
+    }
+    return scorer_pending(v->sc) ? 10 : -1;
+}
+
+static void beat(void *ctx, svc_beat_t *b) {
+    verifier_t *v = ctx;
+    b->busy_s = scorer_busy_seconds(v->sc);
+    b->queue = scorer_pending(v->sc);
+    svc_beat_add(b, "batches", "%llu", (unsigned long long)v->scored);
+    svc_beat_add(b, "pending", "%d", scorer_pending(v->sc));
+}
+
+void verifier_register(verifier_t *v, svc_loop_t *l) {
+    svc_loop_frames(l, v->in, "rollout batch", 256, on_batch, NULL, v);
+    svc_loop_sockets(l, reward_sockets, v);
+    svc_loop_work(l, work, v);
+    svc_loop_heartbeat(l, beat, v);
+}
+
+void verifier_close(verifier_t **pv) {
+    if (!pv || !*pv) return;
+    verifier_t *v = *pv;
+    if (v->rep)
+        log_info("stopping: %llu batches received, %llu scored, %llu rejected", (unsigned long long)v->s->received,
+                 (unsigned long long)v->scored, (unsigned long long)v->s->rejected);
+    zsock_destroy(&v->rep);
+    zsock_destroy(&v->train);
+    zsock_destroy(&v->in);
+    scorer_destroy(&v->sc);
+    free(v);
+    *pv = NULL;
+}
