@@ -86,7 +86,7 @@ WARN     := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wvla
 OPT      := $(if $(filter 1,$(DEBUG)),-O0,-O2) -g
 CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -march=$(ARCH) -fopenmp -MMD -MP $(WARN) -I. \
             $(BLAS_CFLAGS)
-LDLIBS   := -lczmq -lzmq -lhiredis -lmsgpackc -lsodium -lcjson -lmicrohttpd -lpcre2-8 -lutf8proc $(BLAS_LIBS) -fopenmp -lm -lpthread
+LDLIBS   := -Wl,--as-needed -lczmq -lzmq -lhiredis -lmsgpackc -lsodium -lcjson -lmicrohttpd -lpcre2-8 -lutf8proc $(BLAS_LIBS) -fopenmp -lm -lpthread
 ifeq ($(VG),1)
 # memcheck cannot follow PCRE2's JIT-compiled code (it reports its reads as uninitialised): the
 # valgrind build matches tokenizer regexes with PCRE2's interpreter.
@@ -98,8 +98,8 @@ LDLIBS   += -fsanitize=address,undefined
 endif
 
 # --- sources -----------------------------------------------------------------------------
-LIB_SRC   := $(wildcard common/util/*.c common/formats/*.c common/engine/*.c common/tasks/*.c common/rl/*.c common/net/*.c) \
-             $(wildcard kernels/cpu/*.c)
+LIB_SRC   := $(wildcard common/util/*.c common/formats/*.c common/engine/*.c common/tasks/*.c common/rl/*.c common/net/*.c common/svc/*.c) \
+             $(wildcard kernels/*.c kernels/cpu/*.c)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB       := $(BUILD)/lib/libmarlaas.a
 UNIT_SRC  := $(wildcard tests/unit/*.c)

@@ -20,9 +20,6 @@
 #include "common/engine/sampler.h"
 #include "bench/bench_util.h"
 #include "common/util/util.h"
-#ifdef MARLAAS_CUDA
-#include "kernels/cuda/cuda.h"
-#endif
 
 typedef struct {
     const char *name;
@@ -253,21 +250,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench: --batches takes a comma-separated list of 1..4096\n");
         return 2;
     }
-    const kernels_t *k = kernels_cpu();
-    if (!strcmp(backend, "cuda")) {
-#ifdef MARLAAS_CUDA
-        char why[ERR_LEN];
-        if (!kernels_cuda_available(why, sizeof why)) {
-            fprintf(stderr, "bench: --backend cuda: %s\n", why);
-            return 1;
-        }
-        k = kernels_cuda();
-#else
-        fprintf(stderr, "bench: --backend cuda needs the CUDA build (make CUDA=1)\n");
-        return 2;
-#endif
-    } else if (strcmp(backend, "cpu") != 0) {
-        fprintf(stderr, "bench: unknown --backend '%s' (cpu or cuda)\n", backend);
+    char why[ERR_LEN];
+    const kernels_t *k = kernels_by_name(backend, why, sizeof why);
+    if (!k) {
+        fprintf(stderr, "bench: --backend: %s\n", why);
         return 2;
     }
     util_threads_init();

@@ -189,6 +189,12 @@ typedef struct kernels {
 
 // The CPU backend (always present).
 const kernels_t *kernels_cpu(void);
+// The backend called name: "cpu" (always), "cuda" (a CUDA build with a usable GPU). NULL with the
+// reason in why (n bytes) otherwise.
+const kernels_t *kernels_by_name(const char *name, char *why, size_t n);
+// The precision of a base model's matrices on backend k for a weights setting: "fp32" 0, "bf16"
+// 1, "auto" bf16 on every backend but the CPU. -1 with the reason for any other value.
+int kernels_weights_bf16(const kernels_t *k, const char *weights, char *why, size_t n);
 // OpenBLAS's kernel set in use, and how it was chosen (see kernels/cpu/cpu.c), for reports.
 const char *kernels_cpu_blas_core(void);
 // One row of the CPU backend's sample op, with the caller's scratch (w: V floats, idx: V ints):

@@ -446,3 +446,9 @@ int model_save(const model_t *m, const char *dir, char *err) {
     free(host);
     return rc;
 }
+
+model_t *model_load_as(const char *dir, const kernels_t *k, bool bf16, char *err) {
+    model_t *m = model_load(dir, k, err);
+    if (m && bf16 && model_to_bf16(m, err)) model_destroy(&m);
+    return m;
+}

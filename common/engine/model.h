@@ -119,6 +119,8 @@ model_t *model_load(const char *dir, const kernels_t *k, char *err);
 // fp32 model's bytes at the peak). Returns 0 (also for a model already in bf16), or -1 + err
 // when the backend has no bf16 ops.
 int model_to_bf16(model_t *m, char *err);
+// model_load, then model_to_bf16 when bf16 (the services' --weights). NULL + err.
+model_t *model_load_as(const char *dir, const kernels_t *k, bool bf16, char *err);
 // Writes DIR/config.json + DIR/model.safetensors (F32, Hugging Face tensor names). An fp32 model
 // only: a bf16 model is refused (-1 + err), as its fp32 matrices no longer exist.
 int model_save(const model_t *m, const char *dir, char *err);

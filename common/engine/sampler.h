@@ -6,21 +6,14 @@
 // trainer agree. Greedy decoding (temperature 0) reports the log-prob under softmax(logits)
 // (T = 1). The log-sum-exp is accumulated in double.
 //
-// RNG: xoshiro256** seeded per sequence through splitmix64, so a sequence's samples depend only
-// on its seed and its logits, never on batch composition or thread count.
+// RNG: common/util/rng.h, seeded per sequence, so a sequence's samples depend only on its seed
+// and its logits, never on batch composition or thread count.
 #ifndef MARLAAS_SAMPLER_H
 #define MARLAAS_SAMPLER_H
 
 #include <stdint.h>
 
-typedef struct {
-    uint64_t s[4];
-} rng_t;
-
-void rng_seed(rng_t *r, uint64_t seed);
-uint64_t rng_next(rng_t *r);
-// Uniform in [0, 1) with 24 bits of precision.
-float rng_uniform(rng_t *r);
+#include "common/util/rng.h"
 
 typedef struct {
     float temperature;   // 0 = greedy (argmax, lowest id on ties)

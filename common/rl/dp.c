@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/net/dist.h"
-#include "common/net/dist_nccl.h"
+#include "common/rl/dist.h"
+#include "common/rl/dist_nccl.h"
 #include "common/util/log.h"
 #include "common/util/util.h"
 

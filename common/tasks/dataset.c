@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/engine/sampler.h"
+#include "common/util/rng.h"
 #include "common/formats/tok_text.h"
 #include "common/tasks/math_answer.h"
 #include "common/util/strset.h"

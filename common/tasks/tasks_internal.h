@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "common/engine/sampler.h"
+#include "common/util/rng.h"
 #include "common/tasks/tasks.h"
 
 // Each family file exports one table; the registry order is the order of these groups.

@@ -9,9 +9,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 int err_set(char *err, const char *fmt, ...) {
     if (err) {
@@ -149,9 +146,6 @@ int util_mkdirs(const char *path, char *err) {
     return 0;
 }
 
-// OpenBLAS exports this; declared here so no BLAS header is needed in util.
-extern void openblas_set_num_threads(int n) __attribute__((weak));
-
 int util_threads(void) {
     const char *s = getenv("MARLAAS_THREADS");
     if (s && *s) {
@@ -162,10 +156,3 @@ int util_threads(void) {
     return n >= 1 ? (int)n : 1;
 }
 
-void util_threads_init(void) {
-    int n = util_threads();
-    if (openblas_set_num_threads) openblas_set_num_threads(n);
-#ifdef _OPENMP
-    omp_set_num_threads(n);
-#endif
-}

@@ -1,8 +1,8 @@
 // main.c - marlaas-rollout: pulls rollout tasks from the scheduler, generates completions for
 // many jobs at once (continuous batching, multi-LoRA), pushes them to every verifier replica.
 // Wiring only: the handlers live in serve.c, generation in worker.c, the loop in
-// common/net/loop.c.
-#include "common/net/loop.h"
+// common/svc/loop.c.
+#include "common/svc/loop.h"
 #include "common/util/log.h"
 #include "services/rollout/serve.h"
 
@@ -19,10 +19,10 @@ int main(int argc, char **argv) {
     if (rc) return rc > 0 ? 0 : 2;
     char err[ERR_LEN];
     // settings first: a wrong backend fails before anything is started
-    const kernels_t *k = svc_kernels(&s, err);
-    int bf16 = k ? svc_weights_bf16(&s, k, err) : -1;
+    const kernels_t *k = kernels_by_name(svc_get(&s, SVC_BACKEND), err, sizeof err);
+    int bf16 = k ? kernels_weights_bf16(k, svc_get(&s, SVC_WEIGHTS), err, sizeof err) : -1;
     if (bf16 < 0) {
-        log_error("%s", err);
+        log_error("--backend / --weights: %s", err);
         return 2;
     }
     store_t *st = svc_open(&s);

@@ -3,7 +3,7 @@
 #ifndef MARLAAS_ROLLOUT_SERVE_H
 #define MARLAAS_ROLLOUT_SERVE_H
 
-#include "common/net/loop.h"
+#include "common/svc/loop.h"
 #include "kernels/kernels.h"
 
 typedef struct rollout rollout_t;

@@ -1,7 +1,7 @@
 // main.c - marlaas-scheduler: the API, the job table and the issuing of rollout work.
 // Wiring only: the handlers live in serve.c, the API in api.c, the job table in sched.c, the
-// loop in common/net/loop.c.
-#include "common/net/loop.h"
+// loop in common/svc/loop.c.
+#include "common/svc/loop.h"
 #include "common/util/log.h"
 #include "services/scheduler/serve.h"
 

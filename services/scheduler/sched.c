@@ -19,8 +19,8 @@
 
 #include "common/engine/lora.h"
 #include "common/net/bus.h"
-#include "common/net/jobdata.h"
-#include "common/net/metrics.h"
+#include "common/rl/jobdata.h"
+#include "common/svc/metrics.h"
 #include "common/rl/rl.h"
 #include "common/util/log.h"
 

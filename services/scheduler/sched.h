@@ -9,7 +9,7 @@
 
 #include "common/formats/chat.h"
 #include "common/formats/hfconfig.h"
-#include "common/net/metrics.h"
+#include "common/svc/metrics.h"
 #include "common/net/proto.h"
 #include "common/net/store.h"
 #include "common/rl/jobspec.h"

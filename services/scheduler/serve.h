@@ -4,7 +4,7 @@
 #ifndef MARLAAS_SCHEDULER_SERVE_H
 #define MARLAAS_SCHEDULER_SERVE_H
 
-#include "common/net/loop.h"
+#include "common/svc/loop.h"
 #include "services/scheduler/sched.h"
 
 typedef struct scheduler scheduler_t;

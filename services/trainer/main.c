@@ -1,8 +1,8 @@
 // main.c - marlaas-trainer: receives scored groups from the verifiers, trains each job's LoRA
 // adapter when its batch is ready (several jobs in one pass), publishes adapter versions to
 // Redis and announces them. Wiring only: the handlers live in serve.c, the jobs and their steps
-// in jobs.c, the loop in common/net/loop.c.
-#include "common/net/loop.h"
+// in jobs.c, the loop in common/svc/loop.c.
+#include "common/svc/loop.h"
 #include "common/util/log.h"
 #include "services/trainer/serve.h"
 
@@ -24,17 +24,18 @@ int main(int argc, char **argv) {
     if (rc) return rc > 0 ? 0 : 2;
     char err[ERR_LEN];
     // settings first: a wrong backend fails before anything is started
-    const kernels_t *k = svc_kernels(&s, err);
-    if (!k || svc_weights_bf16(&s, k, err) < 0) {
-        log_error("%s", err);
+    const kernels_t *k = kernels_by_name(svc_get(&s, SVC_BACKEND), err, sizeof err);
+    int bf16 = k ? kernels_weights_bf16(k, svc_get(&s, SVC_WEIGHTS), err, sizeof err) : -1;
+    if (bf16 < 0) {
+        log_error("--backend / --weights: %s", err);
         return 2;
     }
     dp_cfg_t dc;
     if (trainer_settings(&s, &dc)) return 2;
-    if (dc.rank > 0) return trainer_run_rank(&s, k, &dc);
+    if (dc.rank > 0) return trainer_run_rank(&s, k, bf16 == 1, &dc);
     store_t *st = svc_open(&s);
     if (!st) return 1;
-    trainer_t *t = trainer_open(&s, st, k, &dc, err);
+    trainer_t *t = trainer_open(&s, st, k, bf16 == 1, &dc, err);
     if (!t) {
         log_error("%s", err);
         rc = 1;

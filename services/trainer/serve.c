@@ -25,6 +25,20 @@ struct trainer {
     int m_steps, m_sps, m_jobs, m_groups, m_dropped, m_job_step, m_job_version, m_job_groups, m_job_failed;
 };
 
+// --model on k in the precision of --weights, and what was loaded logged. NULL + err.
+static model_t *load_model(const svc_t *s, const kernels_t *k, bool bf16, char *err) {
+    char e2[ERR_LEN];
+    model_t *m = model_load_as(svc_get(s, SVC_MODEL), k, bf16, e2);
+    if (!m) {
+        err_set(err, "%s (set --model or MARLAAS_MODEL%s)", e2, bf16 ? ", or --weights fp32" : "");
+        return NULL;
+    }
+    log_info("base model %s: %zu parameters, %s matrices (--weights %s), %.1f MiB of weights on %s",
+             svc_get(s, SVC_MODEL), m->n_params, m->bf16 ? "bf16" : "fp32", svc_get(s, SVC_WEIGHTS),
+             (m->n_f32 * 4.0 + m->n_bf16 * 2.0) / (1 << 20), k->name);
+    return m;
+}
+
 int trainer_settings(const svc_t *s, dp_cfg_t *dc) {
     const char *shared_prefix = svc_extra(s, "shared_prefix", "1");
     if (strcmp(shared_prefix, "0") != 0 && strcmp(shared_prefix, "1") != 0) {
@@ -65,7 +79,7 @@ int trainer_settings(const svc_t *s, dp_cfg_t *dc) {
 }
 
 // Ranks 1..: an HTTP endpoint for probes only when --http names one.
-int trainer_run_rank(svc_t *s, const kernels_t *k, const dp_cfg_t *dc) {
+int trainer_run_rank(svc_t *s, const kernels_t *k, bool bf16, const dp_cfg_t *dc) {
     char err[ERR_LEN];
     svc_http_default(s, "0");
     if (svc_serve(s, err)) {
@@ -73,7 +87,7 @@ int trainer_run_rank(svc_t *s, const kernels_t *k, const dp_cfg_t *dc) {
         return 2;
     }
     // the same base model as rank 0, in the same precision (--weights)
-    model_t *m = svc_load_model(s, k, err);
+    model_t *m = load_model(s, k, bf16, err);
     if (!m) {
         log_error("cannot load the base model: %s", err);
         svc_close(s);
@@ -123,11 +137,11 @@ static void def_metrics(trainer_t *t) {
                                       "Steps that failed the job, per job.");
 }
 
-trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, const dp_cfg_t *dc, char *err) {
+trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, const dp_cfg_t *dc, char *err) {
     trainer_t *t = xcalloc(1, sizeof *t);
     t->s = s;
     def_metrics(t);
-    t->m = svc_load_model(s, k, err);
+    t->m = load_model(s, k, bf16, err);
     if (!t->m) {
         char e2[ERR_LEN];
         snprintf(e2, sizeof e2, "%s", err);

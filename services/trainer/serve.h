@@ -4,7 +4,7 @@
 #ifndef MARLAAS_TRAINER_SERVE_H
 #define MARLAAS_TRAINER_SERVE_H
 
-#include "common/net/loop.h"
+#include "common/svc/loop.h"
 #include "common/rl/dp.h"
 #include "kernels/kernels.h"
 
@@ -15,10 +15,10 @@ typedef struct trainer trainer_t;
 int trainer_settings(const svc_t *s, dp_cfg_t *dc);
 // Ranks 1..: hold replicas of the adapters and train their shares of rank 0's passes; no Redis
 // and none of the service's sockets. Returns the exit code.
-int trainer_run_rank(svc_t *s, const kernels_t *k, const dp_cfg_t *dc);
-// Rank 0, the trainer service: loads --model on k, forms the data-parallel group of dc, binds
+int trainer_run_rank(svc_t *s, const kernels_t *k, bool bf16, const dp_cfg_t *dc);
+// Rank 0, the trainer service: loads --model on k (bf16 matrices when bf16), forms the data-parallel group of dc, binds
 // --trainer and --trainer-events, connects --reports. NULL + err.
-trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, const dp_cfg_t *dc, char *err);
+trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, const dp_cfg_t *dc, char *err);
 void trainer_register(trainer_t *t, svc_loop_t *l);
 void trainer_close(trainer_t **pt);
 

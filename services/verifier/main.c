@@ -1,8 +1,8 @@
 // main.c - marlaas-verifier: scores rollout batches (built-in verifiers, user datasets,
 // external reward services), forwards scored training groups to the trainer and reports every
 // task's results to the scheduler. Wiring only: the handlers live in serve.c, the scoring in
-// score.c, the loop in common/net/loop.c.
-#include "common/net/loop.h"
+// score.c, the loop in common/svc/loop.c.
+#include "common/svc/loop.h"
 #include "common/util/log.h"
 #include "services/verifier/serve.h"
 

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "common/net/bus.h"
-#include "common/net/jobdata.h"
+#include "common/rl/jobdata.h"
 #include "common/rl/jobspec.h"
 #include "common/rl/rl.h"
 #include "common/tasks/env.h"

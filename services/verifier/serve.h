@@ -3,7 +3,7 @@
 #ifndef MARLAAS_VERIFIER_SERVE_H
 #define MARLAAS_VERIFIER_SERVE_H
 
-#include "common/net/loop.h"
+#include "common/svc/loop.h"
 
 typedef struct verifier verifier_t;
 

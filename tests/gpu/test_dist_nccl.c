@@ -15,8 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/net/dist.h"
-#include "common/net/dist_nccl.h"
+#include "common/rl/dist.h"
+#include "common/rl/dist_nccl.h"
 #include "common/util/util.h"
 #include "kernels/cuda/cuda.h"
 #include "tests/gpu/gpuprobe.h"

@@ -4,7 +4,7 @@
 // LoRA gradients of engine_train), against the unrounded fp32 model (a bounded, nonzero
 // difference: the bf16 weights are the ones used), the memory layout after conversion, and
 // what a bf16 model refuses (full-parameter training, model_save). Untied and tied heads. Also
-// the services' --weights setting (svc_weights_bf16, svc_load_model).
+// the services' --weights setting (kernels_weights_bf16, model_load_as).
 //
 // Tolerances: the CPU backend's gemm_bf16w uses X exactly and multiplies by exactly the bf16
 // values, so against the rounded fp32 model only the fp32 summation order differs (the
@@ -16,7 +16,7 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
-#include "common/net/svc.h"
+#include "common/svc/svc.h"
 #include "testutil.h"
 
 typedef struct {
@@ -255,15 +255,28 @@ Test(bf16, weights_setting_of_the_services) {
         svc_t s;
         cr_assert_eq(svc_init(&s, "trainer", cases[i].value ? 5 : 3, argv, ""), 0);
         err[0] = '\0';
-        cr_assert_eq(svc_weights_bf16(&s, kernels_cpu(), err), cases[i].bf16, "--weights %s", cases[i].value);
-        model_t *m = svc_load_model(&s, kernels_cpu(), err);
+        int bf16 = kernels_weights_bf16(kernels_cpu(), svc_get(&s, SVC_WEIGHTS), err, ERR_LEN);
+        cr_assert_eq(bf16, cases[i].bf16, "--weights %s", cases[i].value);
         if (cases[i].bf16 < 0) {
-            cr_assert_null(m);
-            cr_assert(strstr(err, "--weights") && strstr(err, "fp32, bf16 or auto"), "message: %s", err);
+            cr_assert(strstr(err, "weights") && strstr(err, "fp32, bf16 or auto"), "message: %s", err);
             continue;
         }
+        model_t *m = model_load_as(svc_get(&s, SVC_MODEL), kernels_cpu(), bf16 == 1, err);
         cr_assert_not_null(m, "--weights %s: %s", cases[i].value, err);
         cr_assert_eq(m->bf16, cases[i].bf16 == 1, "--weights %s", cases[i].value);
         model_destroy(&m);
     }
+}
+
+// --backend: cpu is the CPU table; an unknown name and, in a build without it, cuda are refused
+// with the reason.
+Test(bf16, backend_by_name) {
+    char why[ERR_LEN] = "";
+    cr_assert_eq(kernels_by_name("cpu", why, sizeof why), kernels_cpu());
+    cr_assert_null(kernels_by_name("tpu", why, sizeof why));
+    cr_assert(strstr(why, "unknown backend 'tpu'") && strstr(why, "cpu or cuda"), "message: %s", why);
+#ifndef MARLAAS_CUDA
+    cr_assert_null(kernels_by_name("cuda", why, sizeof why));
+    cr_assert(strstr(why, "no CUDA backend"), "message: %s", why);
+#endif
 }

@@ -16,7 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/net/dist.h"
+#include "common/rl/dist.h"
 #include "common/util/util.h"
 #include "tests/unit/testbits.h"
 

@@ -1,4 +1,4 @@
-// test_loop.c - the services' event loop (common/net/loop.c) over real ZeroMQ sockets: frames go
+// test_loop.c - the services' event loop (common/svc/loop.c) over real ZeroMQ sockets: frames go
 // to their handler, counted, with the reject path for refused ones; the room function and the
 // per-turn cap hold frames back; readers, extra sockets past any fixed count, work that asks for
 // an early turn, timers, the heartbeat's metrics, and the stop.
@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common/net/loop.h"
+#include "common/svc/loop.h"
 #include "common/util/util.h"
 
 typedef struct {

@@ -10,8 +10,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "common/net/http.h"
-#include "common/net/metrics.h"
+#include "common/svc/http.h"
+#include "common/svc/metrics.h"
 #include "common/util/util.h"
 #include "tests/unit/testbits.h"
 

@@ -12,7 +12,7 @@
 
 #include <stddef.h>
 
-#include "common/net/dist.h"
+#include "common/rl/dist.h"
 
 typedef struct dist_nccl dist_nccl_t;
 

@@ -5,7 +5,7 @@
 #ifndef MARLAAS_HTTP_H
 #define MARLAAS_HTTP_H
 
-#include "common/net/metrics.h"
+#include "common/svc/metrics.h"
 
 typedef struct http_srv http_srv_t;
 

@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #include "common/net/store.h"
-#include "common/net/svc.h"
+#include "common/svc/svc.h"
 
 // Heartbeats: every service writes svc:{name}:{id} once a second with a TTL of 10 s (a replica
 // missing for 10 s has stopped; `marlaas status` and the benchmark read these hashes).

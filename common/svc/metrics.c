@@ -1,6 +1,6 @@
 // metrics.c - thread-safe registry of counters and gauges, rendered in the Prometheus text
 // format, plus the liveness and readiness state behind /healthz and /readyz.
-#include "common/net/metrics.h"
+#include "common/svc/metrics.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -29,11 +29,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/engine/model.h"
-#include "common/net/http.h"
-#include "common/net/metrics.h"
+#include "common/svc/http.h"
+#include "common/svc/metrics.h"
 #include "common/net/store.h"
-#include "kernels/kernels.h"
 
 typedef enum {
     SVC_REDIS, SVC_PREFIX, SVC_MODEL, SVC_API, SVC_WORK, SVC_EVENTS, SVC_REPORTS, SVC_VERIFIERS, SVC_TRAINER,
@@ -81,16 +79,6 @@ int svc_serve(svc_t *s, char *err);
 // given by --http or MARLAAS_HTTP stays. A data-parallel trainer worker serves none by default, so
 // that it does not take its rank 0's port on the same host.
 void svc_http_default(svc_t *s, const char *value);
-// The compute backend named by --backend (cpu, cuda), or NULL + err: an unknown name, a build
-// without the CUDA backend, no usable GPU, or a backend the engine cannot run on yet.
-const kernels_t *svc_kernels(const svc_t *s, char *err);
-// The precision --weights asks for the base model's matrices on backend k: 1 for bf16, 0 for
-// fp32 (auto: bf16 on the cuda backend, fp32 on the cpu one), -1 + err for an unknown value.
-// Call it with svc_kernels, before anything is started.
-int svc_weights_bf16(const svc_t *s, const kernels_t *k, char *err);
-// Loads --model on backend k in the precision of --weights (model_load, then model_to_bf16 for
-// bf16) and logs what it loaded. NULL + err.
-model_t *svc_load_model(const svc_t *s, const kernels_t *k, char *err);
 // svc_serve, then svc_store: the Redis connection of a service that serves its HTTP endpoint.
 // NULL (the error logged, everything closed) on failure.
 store_t *svc_open(svc_t *s);

@@ -1,7 +1,7 @@
 // http.c - /healthz, /readyz and /metrics over libmicrohttpd. The listening socket is opened
 // here (so a port in use gives a precise error) and handed to the daemon, which answers from
 // its own thread; the registry it reads is locked per call.
-#include "common/net/http.h"
+#include "common/svc/http.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,6 +1,6 @@
 // dist_nccl.c - NCCL all-reduce with timeouts (non-blocking communicator, polled). Compiled to
 // nothing without MARLAAS_CUDA.
-#include "common/net/dist_nccl.h"
+#include "common/rl/dist_nccl.h"
 
 #ifdef MARLAAS_CUDA
 #include <cuda_runtime.h>

@@ -1,5 +1,5 @@
 // loop.c - the services' event loop (loop.h).
-#include "common/net/loop.h"
+#include "common/svc/loop.h"
 
 #include <stdarg.h>
 #include <stdio.h>

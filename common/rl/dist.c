@@ -5,7 +5,7 @@
 // (operations are numbered alike on every rank, so a late or stray message is recognised) and
 // the payload's length. Rank 0 collects the contributions of an operation, sums them in rank
 // order and sends the result; any failure it sees goes to every rank as ABORT with the reason.
-#include "common/net/dist.h"
+#include "common/rl/dist.h"
 
 #include <czmq.h>
 #include <stdarg.h>

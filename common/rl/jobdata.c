@@ -1,5 +1,5 @@
 // jobdata.c - reading a job's uploaded dataset back from Redis.
-#include "common/net/jobdata.h"
+#include "common/rl/jobdata.h"
 
 #include <stdlib.h>
 #include <string.h>

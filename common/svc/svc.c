@@ -1,5 +1,5 @@
 // svc.c - settings, instance ids, Redis connection and heartbeats for the service processes.
-#include "common/net/svc.h"
+#include "common/svc/svc.h"
 
 #include <czmq.h>
 #include <getopt.h>
@@ -14,9 +14,6 @@
 #include <unistd.h>
 
 #include "common/util/log.h"
-#ifdef MARLAAS_CUDA
-#include "kernels/cuda/cuda.h"
-#endif
 
 static const struct {
     const char *flag, *env, *def;
@@ -268,56 +265,6 @@ int svc_serve(svc_t *s, char *err) {
     if (!s->http && err[0]) return -1;
     if (s->http) log_info("serving /healthz /readyz /metrics on port %d", http_port(s->http));
     return 0;
-}
-
-const kernels_t *svc_kernels(const svc_t *s, char *err) {
-    const char *b = s->opt[SVC_BACKEND];
-    if (!strcmp(b, "cpu")) return kernels_cpu();
-    if (strcmp(b, "cuda") != 0) {
-        err_set(err, "unknown --backend / MARLAAS_BACKEND '%s': use cpu or cuda", b);
-        return NULL;
-    }
-#ifdef MARLAAS_CUDA
-    char why[ERR_LEN];
-    if (!kernels_cuda_available(why, sizeof why)) {
-        err_set(err, "--backend cuda: no usable GPU (%s); use --backend cpu", why);
-        return NULL;
-    }
-    return kernels_cuda();
-#else
-    err_set(err, "--backend cuda: this build has no CUDA backend (build with make CUDA=1, or use the CUDA "
-                 "image); use --backend cpu");
-    return NULL;
-#endif
-}
-
-int svc_weights_bf16(const svc_t *s, const kernels_t *k, char *err) {
-    const char *w = s->opt[SVC_WEIGHTS];
-    if (!strcmp(w, "fp32")) return 0;
-    if (!strcmp(w, "bf16")) return 1;
-    if (!strcmp(w, "auto")) return k != kernels_cpu();
-    return err_set(err, "unknown --weights / MARLAAS_WEIGHTS '%s': use fp32, bf16 or auto (bf16 on cuda, fp32 on "
-                   "cpu)", w);
-}
-
-model_t *svc_load_model(const svc_t *s, const kernels_t *k, char *err) {
-    char e2[ERR_LEN];
-    int bf16 = svc_weights_bf16(s, k, err);
-    if (bf16 < 0) return NULL;
-    model_t *m = model_load(s->opt[SVC_MODEL], k, e2);
-    if (!m) {
-        err_set(err, "%s (set --model or MARLAAS_MODEL)", e2);
-        return NULL;
-    }
-    if (bf16 && model_to_bf16(m, e2)) {
-        err_set(err, "--weights %s: %s; use --weights fp32", s->opt[SVC_WEIGHTS], e2);
-        model_destroy(&m);
-        return NULL;
-    }
-    log_info("base model %s: %zu parameters, %s matrices (--weights %s), %.1f MiB of weights on %s",
-             s->opt[SVC_MODEL], m->n_params, m->bf16 ? "bf16" : "fp32", s->opt[SVC_WEIGHTS],
-             (m->n_f32 * 4.0 + m->n_bf16 * 2.0) / (1 << 20), k->name);
-    return m;
 }
 
 store_t *svc_open(svc_t *s) {

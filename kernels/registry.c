@@ -1,0 +1,37 @@
+// registry.c - the backends by name (kernels.h): the only place outside kernels/cuda that names
+// the CUDA backend.
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#ifdef MARLAAS_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
+
+const kernels_t *kernels_by_name(const char *name, char *why, size_t n) {
+    if (!strcmp(name, "cpu")) return kernels_cpu();
+    if (strcmp(name, "cuda") != 0) {
+        snprintf(why, n, "unknown backend '%s': use cpu or cuda", name);
+        return NULL;
+    }
+#ifdef MARLAAS_CUDA
+    char w[200];
+    if (!kernels_cuda_available(w, sizeof w)) {
+        snprintf(why, n, "backend cuda: no usable GPU (%s); use cpu", w);
+        return NULL;
+    }
+    return kernels_cuda();
+#else
+    snprintf(why, n, "backend cuda: this build has no CUDA backend (build with make CUDA=1, or use the CUDA image); "
+             "use cpu");
+    return NULL;
+#endif
+}
+
+int kernels_weights_bf16(const kernels_t *k, const char *weights, char *why, size_t n) {
+    if (!strcmp(weights, "fp32")) return 0;
+    if (!strcmp(weights, "bf16")) return 1;
+    if (!strcmp(weights, "auto")) return k != kernels_cpu();
+    snprintf(why, n, "unknown weights '%s': use fp32, bf16 or auto (bf16 on cuda, fp32 on cpu)", weights);
+    return -1;
+}
