@@ -253,7 +253,7 @@ int main(int argc, char **argv) {
     char why[ERR_LEN];
     const kernels_t *k = kernels_by_name(backend, why, sizeof why);
     if (!k) {
-        fprintf(stderr, "bench: --backend: %s\n", why);
+        fprintf(stderr, "bench: --backend %s: %s\n", backend, why);
         return 2;
     }
     util_threads_init();

@@ -11,19 +11,18 @@
 const kernels_t *kernels_by_name(const char *name, char *why, size_t n) {
     if (!strcmp(name, "cpu")) return kernels_cpu();
     if (strcmp(name, "cuda") != 0) {
-        snprintf(why, n, "unknown backend '%s': use cpu or cuda", name);
+        snprintf(why, n, "unknown backend '%s' (known: cpu, cuda)", name);
         return NULL;
     }
 #ifdef MARLAAS_CUDA
     char w[200];
     if (!kernels_cuda_available(w, sizeof w)) {
-        snprintf(why, n, "backend cuda: no usable GPU (%s); use cpu", w);
+        snprintf(why, n, "no usable GPU (%s)", w);
         return NULL;
     }
     return kernels_cuda();
 #else
-    snprintf(why, n, "backend cuda: this build has no CUDA backend (build with make CUDA=1, or use the CUDA image); "
-             "use cpu");
+    snprintf(why, n, "this build has no CUDA backend (build with make CUDA=1, or use the CUDA image)");
     return NULL;
 #endif
 }

@@ -20,9 +20,13 @@ int main(int argc, char **argv) {
     char err[ERR_LEN];
     // settings first: a wrong backend fails before anything is started
     const kernels_t *k = kernels_by_name(svc_get(&s, SVC_BACKEND), err, sizeof err);
-    int bf16 = k ? kernels_weights_bf16(k, svc_get(&s, SVC_WEIGHTS), err, sizeof err) : -1;
+    if (!k) {
+        log_error("--backend %s: %s; use --backend cpu", svc_get(&s, SVC_BACKEND), err);
+        return 2;
+    }
+    int bf16 = kernels_weights_bf16(k, svc_get(&s, SVC_WEIGHTS), err, sizeof err);
     if (bf16 < 0) {
-        log_error("--backend / --weights: %s", err);
+        log_error("--weights / MARLAAS_WEIGHTS: %s", err);
         return 2;
     }
     store_t *st = svc_open(&s);

@@ -127,7 +127,7 @@ check "bad setting: exit 1" [ $rc2 = 1 ]
 echo "--backend cuda: rc $rc3: $(echo "$out3" | grep -m1 -o 'backend cuda:.*' | cut -c1-100)"
 check "backend cuda refused here: exit 2" [ $rc3 = 2 ]
 check "backend cuda refused with a reason" sh -c "echo '$out3' | grep -q 'use --backend cpu'"
-check "unknown backend: exit 2 and message" sh -c "[ $rc4 = 2 ] && echo '$out4' | grep -q 'use cpu or cuda'"
+check "unknown backend: exit 2 and message" sh -c "[ $rc4 = 2 ] && echo '$out4' | grep -q 'known: cpu, cuda'"
 check "bad setting: message" sh -c "echo '$out2' | grep -q 'give PORT, HOST:PORT, or 0'"
 
 # the Kubernetes base's placeholder admin token is refused: no tenant can be created with it
