@@ -13,6 +13,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "json.h"
+
 enum { M_LLAMA = 1, M_MISTRAL = 2, M_QWEN2 = 4, M_QWEN3 = 8, M_ALL = 15 };
 
 // Per model type: the class Hugging Face builds (the only "architectures" entry accepted) and the
@@ -81,14 +83,6 @@ static const char *const info_keys[] = {
 static const cJSON *field(const cJSON *root, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     return cJSON_IsNull(v) ? NULL : v;
-}
-
-static bool json_int(const cJSON *v, int *out) {
-    if (!cJSON_IsNumber(v)) return false;
-    double d = v->valuedouble;
-    if (!(d >= INT_MIN && d <= INT_MAX) || (double)(int)d != d) return false;
-    *out = (int)d;
-    return true;
 }
 
 // Positive integer field; when absent, *out = dflt, or an error if dflt < 0 (required).
@@ -561,27 +555,6 @@ int hf_config_eos(const hf_config_t *c, int32_t *ids, int max) {
     return n;
 }
 
-// cJSON allocates with plain malloc; out of memory while building a document aborts, as xmalloc does.
-static cJSON *json_need(cJSON *x) {
-    if (!x) {
-        fprintf(stderr, "FATAL out of memory building config.json\n");
-        abort();
-    }
-    return x;
-}
-
-// The shortest decimal that reads back as x, so 1e-6f is written "1e-06" rather than the
-// double expansion of the float ("9.9999999747524271e-07").
-static double float_for_json(float x) {
-    char buf[32];
-    for (int prec = 6; prec <= 9; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, (double)x);
-        // The reader converts the parsed double to float, so check exactly that path.
-        if ((float)strtod(buf, NULL) == x) return strtod(buf, NULL);
-    }
-    return (double)x;
-}
-
 static void add_rope_scaling(cJSON *root, const hf_rope_scaling_t *rs) {
     if (rs->type == HF_ROPE_DEFAULT) {
         json_need(cJSON_AddNullToObject(root, "rope_scaling"));
@@ -629,8 +602,8 @@ int hf_config_save(const hf_config_t *cfg, const char *path, char *err) {
         json_need(cJSON_AddNumberToObject(root, "head_dim", cfg->head_dim));
     json_need(cJSON_AddNumberToObject(root, "vocab_size", cfg->vocab_size));
     json_need(cJSON_AddNumberToObject(root, "max_position_embeddings", cfg->max_position_embeddings));
-    json_need(cJSON_AddNumberToObject(root, "rms_norm_eps", float_for_json(cfg->rms_norm_eps)));
-    json_need(cJSON_AddNumberToObject(root, "rope_theta", float_for_json(cfg->rope_theta)));
+    json_need(cJSON_AddNumberToObject(root, "rms_norm_eps", json_float_as_written(cfg->rms_norm_eps)));
+    json_need(cJSON_AddNumberToObject(root, "rope_theta", json_float_as_written(cfg->rope_theta)));
     add_rope_scaling(root, &cfg->rope_scaling);
     json_need(cJSON_AddBoolToObject(root, "tie_word_embeddings", cfg->tie_word_embeddings));
     if (bit & (M_LLAMA | M_QWEN3)) json_need(cJSON_AddBoolToObject(root, "attention_bias", cfg->qkv_bias));

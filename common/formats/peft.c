@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json.h"
+
 static const char *const target_names[LORA_N_TARGETS] = {
     [LORA_Q] = "q_proj",       [LORA_K] = "k_proj",   [LORA_V] = "v_proj",       [LORA_O] = "o_proj",
     [LORA_GATE] = "gate_proj", [LORA_UP] = "up_proj", [LORA_DOWN] = "down_proj",
@@ -130,25 +132,6 @@ int peft_config_load(peft_config_t *cfg, const char *path, char *err) {
     return rc;
 }
 
-// cJSON allocates with plain malloc; out of memory while building a document aborts, as xmalloc does.
-static cJSON *json_need(cJSON *x) {
-    if (!x) {
-        fprintf(stderr, "FATAL out of memory building adapter_config.json\n");
-        abort();
-    }
-    return x;
-}
-
-// The shortest decimal that reads back as x (alpha 16 is written "16", 0.1f as "0.1").
-static double float_for_json(float x) {
-    char buf[32];
-    for (int prec = 6; prec <= 9; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, (double)x);
-        if ((float)strtod(buf, NULL) == x) return strtod(buf, NULL);
-    }
-    return (double)x;
-}
-
 int peft_config_save(const peft_config_t *cfg, const char *path, char *err) {
     if (cfg->r <= 0) return err_set(err, "%s: r must be positive, got %d", path, cfg->r);
     if (!cfg->targets || (cfg->targets & ~LORA_ALL_TARGETS))
@@ -159,7 +142,7 @@ int peft_config_save(const peft_config_t *cfg, const char *path, char *err) {
     json_need(cJSON_AddStringToObject(root, "peft_type", "LORA"));
     json_need(cJSON_AddStringToObject(root, "task_type", "CAUSAL_LM"));
     json_need(cJSON_AddNumberToObject(root, "r", cfg->r));
-    json_need(cJSON_AddNumberToObject(root, "lora_alpha", float_for_json(cfg->alpha)));
+    json_need(cJSON_AddNumberToObject(root, "lora_alpha", json_float_as_written(cfg->alpha)));
     json_need(cJSON_AddNumberToObject(root, "lora_dropout", 0.0));
     json_need(cJSON_AddStringToObject(root, "bias", "none"));
     cJSON *tm = json_need(cJSON_AddArrayToObject(root, "target_modules"));

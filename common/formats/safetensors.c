@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "json.h"
+
 // The format is little-endian and F32 data is copied straight into host floats.
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c assumes a little-endian host"
@@ -79,18 +81,6 @@ void st_close(st_file_t **pf) {
     free(f->src);
     free(f);
     *pf = NULL;
-}
-
-// A JSON number that is a whole value in [0, limit). cJSON stores numbers as doubles, so
-// integers above 2^53 are approximate; callers only use such values to reject them.
-static bool json_uint(const cJSON *v, double limit, uint64_t *out) {
-    if (!cJSON_IsNumber(v)) return false;
-    double d = v->valuedouble;
-    if (!(d >= 0 && d < limit)) return false;   // also rejects NaN
-    uint64_t u = (uint64_t)d;
-    if ((double)u != d) return false;
-    *out = u;
-    return true;
 }
 
 static int parse_tensor(st_file_t *f, const cJSON *e, st_tensor_t *t, char *err) {
@@ -654,19 +644,6 @@ static int wtensor_bytes(const wtensor_t *t, uint64_t *out) {
     if (n > (1ull << 53)) return -1;
     *out = n;
     return 0;
-}
-
-// cJSON allocates with plain malloc; out of memory while building a header aborts, as xmalloc does.
-static cJSON *json_need(cJSON *x) {
-    if (!x) {
-        fprintf(stderr, "FATAL out of memory building a safetensors header\n");
-        abort();
-    }
-    return x;
-}
-
-static void json_push_number(cJSON *arr, double v) {
-    if (!cJSON_AddItemToArray(arr, json_need(cJSON_CreateNumber(v)))) json_need(NULL);
 }
 
 int st_writer_serialize(st_writer_t *w, uint8_t **out, size_t *out_len, char *err) {

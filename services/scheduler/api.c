@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "common/engine/lora.h"
+#include "common/formats/json.h"
 #include "common/net/bus.h"
 #include "common/rl/jobspec.h"
 #include "common/rl/rl.h"
@@ -234,18 +235,6 @@ static void note(char *notes, size_t n, const char *fmt, ...) {
     vsnprintf(notes + used, n - used, fmt, ap);
     va_end(ap);
 }
-
-// The double a float was written as (0.6f reads back as 0.6, not 0.60000002384185791): the
-// stored spec shows the file's number.
-static double as_written(float x) {
-    char buf[32];
-    for (int prec = 6; prec <= 9; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, (double)x);
-        if ((float)strtod(buf, NULL) == x) return strtod(buf, NULL);
-    }
-    return (double)x;
-}
-
 // The model's generation_config.json fills the sampling fields the spec does not give, before
 // the spec is stored, so the canonical spec shows the values used. A value outside the spec's
 // range is not applied; do_sample false (greedy, which would give GRPO identical samples) keeps
@@ -259,11 +248,11 @@ static void apply_generation_config(const api_t *a, const cJSON *given, jobspec_
         return;
     }
     if (g->has_temperature && !cJSON_HasObjectItem(given, "temperature")) {
-        if (g->temperature > 0 && g->temperature <= 10) spec->temperature = as_written(g->temperature);
+        if (g->temperature > 0 && g->temperature <= 10) spec->temperature = json_float_as_written(g->temperature);
         else note(notes, n, "generation_config.json temperature %g is outside (0, 10]: not applied", g->temperature);
     }
     if (g->has_top_p && !cJSON_HasObjectItem(given, "top_p")) {
-        if (g->top_p > 0 && g->top_p <= 1) spec->top_p = as_written(g->top_p);
+        if (g->top_p > 0 && g->top_p <= 1) spec->top_p = json_float_as_written(g->top_p);
         else note(notes, n, "generation_config.json top_p %g is outside (0, 1]: not applied", g->top_p);
     }
     if (g->has_top_k && !cJSON_HasObjectItem(given, "top_k")) {
