@@ -8,7 +8,8 @@
 // trainer reports no step for train_lease_s although a batch is waiting (trainer restart).
 // The async policy keeps at most (staleness + 1) * B groups of a job in flight, so a group
 // sampled with version g reaches the trainer while the job is at most at g + staleness; sync
-// runs one job at a time and one step at a time (B groups, train, publish, next).
+// runs one job at a time and one step at a time (B groups, train, publish, next). Those rules,
+// fair share and lease expiry are common/rl/policy.c's; this file keeps the state and applies them.
 #include "services/scheduler/sched.h"
 
 #include <math.h>
@@ -17,7 +18,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/engine/lora.h"
 #include "common/net/bus.h"
 #include "common/rl/jobdata.h"
 #include "common/svc/metrics.h"
@@ -26,17 +26,6 @@
 
 typedef enum { JS_QUEUED, JS_RUNNING, JS_DONE, JS_FAILED, JS_CANCELLED } jstate_t;
 static const char *state_name[] = {"queued", "running", "done", "failed", "cancelled"};
-
-typedef struct {
-    uint64_t id;
-    char job[PROTO_MAX_ID];
-    proto_kind_t kind;
-    uint32_t n;
-    uint64_t *index;       // (n) example indices
-    uint32_t version;
-    double deadline;
-    int eval_round;        // eval tasks: the round they belong to
-} stask_t;
 
 typedef struct {
     char id[PROTO_MAX_ID];
@@ -76,8 +65,8 @@ struct sched {
     sched_cfg_t cfg;
     sjob_t **jobs;
     int n_jobs, cap_jobs;
-    stask_t *tasks;
-    int n_tasks, cap_tasks;
+    policy_job_t *view;            // (cap_jobs) what the policy reads of each job (job_views)
+    policy_leases_t leases;        // rollout tasks holding a lease
     uint64_t next_task;
     int next_round;
     // live counters (sched_set_metrics); handles of the families
@@ -150,18 +139,13 @@ sched_t *sched_new(store_t *st, zsock_t *work, const hf_config_t *model, const s
     return s;
 }
 
-static void task_remove(sched_t *s, int i) {
-    free(s->tasks[i].index);
-    s->tasks[i] = s->tasks[--s->n_tasks];
-}
-
 void sched_destroy(sched_t **ps) {
     if (!ps || !*ps) return;
     sched_t *s = *ps;
-    while (s->n_tasks) task_remove(s, 0);
+    policy_leases_free(&s->leases);
     for (int i = 0; i < s->n_jobs; i++) job_free(s->jobs[i]);
     free(s->jobs);
-    free(s->tasks);
+    free(s->view);
     free(s);
     *ps = NULL;
 }
@@ -201,17 +185,26 @@ static sjob_t *load_job(sched_t *s, const char *id, char *err) {
     return j;
 }
 
+// The policy's view of every job, in table order (s->view, refreshed from the jobs).
+static const policy_job_t *job_views(sched_t *s) {
+    for (int i = 0; i < s->n_jobs; i++) {
+        const sjob_t *j = s->jobs[i];
+        s->view[i] = (policy_job_t){.running = j->state == JS_RUNNING, .step = j->step,
+                                    .max_steps = (uint32_t)j->spec.max_steps, .prompts = j->spec.prompts,
+                                    .staleness = j->spec.staleness, .in_flight = j->in_rollout + j->at_trainer,
+                                    .sync_waiting = j->sync_waiting, .vtime = j->vtime};
+    }
+    return s->view;
+}
+
 static void add(sched_t *s, sjob_t *j) {
     if (s->n_jobs == s->cap_jobs) {
         s->cap_jobs = s->cap_jobs ? 2 * s->cap_jobs : 32;
         s->jobs = xrealloc(s->jobs, sizeof(sjob_t *) * (size_t)s->cap_jobs);
+        s->view = xrealloc(s->view, sizeof(policy_job_t) * (size_t)s->cap_jobs);
     }
     // a new job starts at the smallest virtual time of the running ones: no burst of catch-up
-    double vmin = 0;
-    bool any = false;
-    for (int i = 0; i < s->n_jobs; i++)
-        if (s->jobs[i]->state == JS_RUNNING && (!any || s->jobs[i]->vtime < vmin)) vmin = s->jobs[i]->vtime, any = true;
-    j->vtime = vmin;
+    j->vtime = policy_start_vtime(job_views(s), s->n_jobs);
     s->jobs[s->n_jobs++] = j;
 }
 
@@ -247,11 +240,7 @@ int sched_add_job(sched_t *s, const char *id, char *err) {
     return 0;
 }
 
-static void drop_tasks(sched_t *s, const char *job) {
-    for (int i = 0; i < s->n_tasks;)
-        if (!strcmp(s->tasks[i].job, job)) task_remove(s, i);
-        else i++;
-}
+static void drop_tasks(sched_t *s, const char *job) { policy_leases_drop_job(&s->leases, job); }
 
 void sched_cancel(sched_t *s, const char *id) {
     sjob_t *j = find(s, id);
@@ -320,16 +309,7 @@ static int issue(sched_t *s, sjob_t *j, proto_kind_t kind, const uint64_t *index
         goto done;
     }
     proto_buf_free(&buf);
-    if (s->n_tasks == s->cap_tasks) {
-        s->cap_tasks = s->cap_tasks ? 2 * s->cap_tasks : 256;
-        s->tasks = xrealloc(s->tasks, sizeof(stask_t) * (size_t)s->cap_tasks);
-    }
-    stask_t *k = &s->tasks[s->n_tasks++];
-    *k = (stask_t){.id = t.task_id, .kind = kind, .n = n, .version = version, .eval_round = round,
-                   .deadline = util_now() + s->cfg.lease_s};
-    snprintf(k->job, sizeof k->job, "%s", j->id);
-    k->index = xmalloc(sizeof(uint64_t) * n);
-    memcpy(k->index, index, sizeof(uint64_t) * n);
+    policy_lease_add(&s->leases, t.task_id, j->id, kind, index, n, version, round, util_now() + s->cfg.lease_s);
     if (kind == PROTO_KIND_TRAIN) j->in_rollout += (int)n;
     s->issued++;
     rc = 0;
@@ -415,22 +395,6 @@ static void eval_done(sched_t *s, sjob_t *j) {
     }
 }
 
-// Picks the running job with the smallest virtual time that may take more work.
-static sjob_t *next_job(sched_t *s) {
-    sjob_t *best = NULL;
-    for (int i = 0; i < s->n_jobs; i++) {
-        sjob_t *j = s->jobs[i];
-        // training goes on while an eval round runs: evals sample a fixed version
-        if (j->state != JS_RUNNING || j->step >= (uint32_t)j->spec.max_steps) continue;
-        int B = j->spec.prompts, in_flight = j->in_rollout + j->at_trainer;
-        int cap = s->cfg.policy == POLICY_SYNC ? B : (j->spec.staleness + 1) * B;
-        if (s->cfg.policy == POLICY_SYNC && j->sync_waiting) continue;
-        if (in_flight >= cap) continue;
-        if (!best || j->vtime < best->vtime) best = j;
-    }
-    return best;
-}
-
 static void export_job(sched_t *s, const sjob_t *j) {
     if (!s->met) return;
     metrics_set(s->met, s->m_job_step, j->id, j->step);
@@ -471,7 +435,7 @@ int sched_export(sched_t *s) {
     }
     metrics_set(s->met, s->m_running, NULL, running);
     metrics_set(s->met, s->m_queued, NULL, queued);
-    metrics_set(s->met, s->m_tasks, NULL, s->n_tasks);
+    metrics_set(s->met, s->m_tasks, NULL, s->leases.n);
     metrics_set(s->met, s->m_issued, NULL, (double)s->issued);
     metrics_set(s->met, s->m_expired, NULL, (double)s->expired);
     metrics_set(s->met, s->m_lost, NULL, (double)s->lost);
@@ -485,7 +449,7 @@ void sched_tick(sched_t *s) {
     for (int i = 0; i < s->n_jobs; i++) running += s->jobs[i]->state == JS_RUNNING;
     for (int i = 0; i < s->n_jobs; i++) {
         sjob_t *j = s->jobs[i];
-        if (j->state != JS_QUEUED || (s->cfg.policy == POLICY_SYNC && running > 0)) continue;
+        if (j->state != JS_QUEUED || !policy_admit(s->cfg.policy, running)) continue;
         set_state(s, j, JS_RUNNING, NULL);
         // the training lease counts from admission: a job that waited in the queue (sync policy)
         // has had no chance to step yet
@@ -493,44 +457,35 @@ void sched_tick(sched_t *s) {
         running++;
         start_eval(s, j);   // the accuracy before training
     }
-    // expired leases: issue the same prompts again
-    for (int i = 0; i < s->n_tasks;) {
-        stask_t *k = &s->tasks[i];
-        if (now < k->deadline) {
-            i++;
-            continue;
-        }
-        sjob_t *j = find(s, k->job);
+    // expired leases: issue the same prompts again (a lease taken out of the table hands its
+    // position to the last one, which the scan looks at next; the leases issue() adds run out
+    // lease_s from now, after this scan)
+    for (int i = 0; (i = policy_lease_next_expired(&s->leases, i, now)) >= 0;) {
+        policy_lease_t k;
+        policy_lease_take(&s->leases, i, &k);
+        sjob_t *j = find(s, k.job);
         if (!j || j->state != JS_RUNNING) {
-            task_remove(s, i);
+            free(k.index);
             continue;
         }
-        logj_warn(j->id, "task %llu: no result within %.0f s; issuing its %u prompts again", (unsigned long long)k->id,
-                  s->cfg.lease_s, k->n);
+        logj_warn(j->id, "task %llu: no result within %.0f s; issuing its %u prompts again", (unsigned long long)k.id,
+                  s->cfg.lease_s, k.n);
         s->expired++;
-        uint64_t *idx = k->index;
-        uint32_t n = k->n;
-        proto_kind_t kind = k->kind;
-        int round = k->eval_round;
-        k->index = NULL;
-        if (kind == PROTO_KIND_TRAIN) j->in_rollout -= (int)n;
-        task_remove(s, i);
-        if (kind == PROTO_KIND_EVAL && round != j->eval_round) {
-            free(idx);
-            continue;
-        }
-        uint32_t ver = kind == PROTO_KIND_EVAL ? j->eval_version : j->version;
-        if (issue(s, j, kind, idx, n, round, ver) != 0 && kind == PROTO_KIND_EVAL && --j->eval_pending == 0 &&
-            j->eval_next >= j->eval_total) {
+        if (k.kind == PROTO_KIND_TRAIN) j->in_rollout -= (int)k.n;
+        uint32_t ver;
+        if (policy_reissue(&k, j->eval_round, j->version, j->eval_version, &ver) &&
+            issue(s, j, k.kind, k.index, k.n, k.round, ver) != 0 && k.kind == PROTO_KIND_EVAL &&
+            --j->eval_pending == 0 && j->eval_next >= j->eval_total) {
             logj_warn(j->id, "eval examples of an expired task could not be sent again; the eval covers fewer");
             eval_done(s, j);
         }
-        free(idx);
+        free(k.index);
     }
     // groups stuck at the trainer (it restarted and lost its buffer)
     for (int i = 0; i < s->n_jobs; i++) {
         sjob_t *j = s->jobs[i];
-        if (j->state == JS_RUNNING && j->at_trainer >= j->spec.prompts && now - j->last_step_time > s->cfg.train_lease_s) {
+        if (j->state == JS_RUNNING &&
+            policy_trainer_lost(now, j->last_step_time, s->cfg.train_lease_s, j->at_trainer, j->spec.prompts)) {
             logj_warn(j->id, "%d groups at the trainer with no step for %.0f s; counting them as lost", j->at_trainer,
                       s->cfg.train_lease_s);
             s->lost += (uint64_t)j->at_trainer;
@@ -556,17 +511,17 @@ void sched_tick(sched_t *s) {
         if (s->jobs[i]->state == JS_RUNNING && s->jobs[i]->eval_round && send_evals(s, s->jobs[i])) break;
     // fair share: the job furthest behind (groups issued / weight) gets the next task
     for (int guard = 0; guard < 64; guard++) {
-        sjob_t *j = next_job(s);
-        if (!j) break;
-        int B = j->spec.prompts, in_flight = j->in_rollout + j->at_trainer;
-        int cap = s->cfg.policy == POLICY_SYNC ? B : (j->spec.staleness + 1) * B;
-        uint32_t n = (uint32_t)(cap - in_flight < s->cfg.chunk ? cap - in_flight : s->cfg.chunk);
+        const policy_job_t *view = job_views(s);
+        int ji = policy_next_job(s->cfg.policy, view, s->n_jobs);
+        if (ji < 0) break;
+        sjob_t *j = s->jobs[ji];
+        uint32_t n = policy_task_size(policy_room(s->cfg.policy, &view[ji]), s->cfg.chunk);
         uint64_t idx[PROTO_MAX_ITEMS];
         for (uint32_t k = 0; k < n; k++) idx[k] = j->next_index + k;
         if (issue(s, j, PROTO_KIND_TRAIN, idx, n, 0, j->version) != 0) break;   // rollout queue full
         j->next_index += n;
-        j->vtime += n / j->spec.weight;
-        if (s->cfg.policy == POLICY_SYNC && j->in_rollout + j->at_trainer >= B) j->sync_waiting = true;
+        j->vtime = policy_charge(j->vtime, n, j->spec.weight);
+        if (policy_sync_full(s->cfg.policy, j->in_rollout + j->at_trainer, j->spec.prompts)) j->sync_waiting = true;
         char v[32];
         snprintf(v, sizeof v, "%llu", (unsigned long long)j->next_index);
         const char *f[1] = {"issued"}, *vv[1] = {v};
@@ -595,20 +550,17 @@ void sched_report(sched_t *s, const proto_report_t *r) {
     if (!j) return;
     switch (r->kind) {
     case PROTO_REP_EPISODES: {
-        int ti = -1;
-        for (int i = 0; i < s->n_tasks; i++)
-            if (s->tasks[i].id == r->task_id) ti = i;
-        if (ti < 0) return;   // expired and issued again, or a duplicate
-        proto_kind_t kind = s->tasks[ti].kind;
-        int round = s->tasks[ti].eval_round, n = (int)s->tasks[ti].n;
-        task_remove(s, ti);   // before eval_done, which may drop the job's other tasks
-        if (kind == PROTO_KIND_EVAL) {
-            if (round == j->eval_round) {
-                j->eval_correct += r->correct;
-                j->eval_n += r->n;
-                if (--j->eval_pending == 0 && j->eval_next >= j->eval_total) eval_done(s, j);
-            }
-        } else {
+        // the lease leaves the table before eval_done, which may drop the job's other leases; no
+        // lease: a duplicate, or expired and issued again
+        policy_lease_t k;
+        policy_result_t what = policy_result(&s->leases, r->task_id, j->eval_round, &k);
+        int n = (int)k.n;
+        free(k.index);
+        if (what == POLICY_RESULT_EVAL) {
+            j->eval_correct += r->correct;
+            j->eval_n += r->n;
+            if (--j->eval_pending == 0 && j->eval_next >= j->eval_total) eval_done(s, j);
+        } else if (what == POLICY_RESULT_TRAIN) {
             j->in_rollout -= n;
             j->at_trainer += n;
             j->episodes += r->n;
@@ -624,10 +576,7 @@ void sched_report(sched_t *s, const proto_report_t *r) {
         break;
     }
     case PROTO_REP_STEP:
-        if (r->step > j->step || r->adapter_version > j->version) {
-            j->step = r->step;
-            j->version = r->adapter_version;
-        }
+        policy_step_report(&j->step, &j->version, r->step, r->adapter_version);
         j->at_trainer -= (int)(r->n + r->errors);
         if (j->at_trainer < 0) j->at_trainer = 0;
         j->last_step_time = util_now();
@@ -640,27 +589,24 @@ void sched_report(sched_t *s, const proto_report_t *r) {
             set_state(s, j, JS_FAILED, r->error ? r->error : "failed");
         }
         break;
-    case PROTO_REP_TASK_FAILED:
-        for (int i = 0; i < s->n_tasks; i++)
-            if (s->tasks[i].id == r->task_id) {
-                // expire it now: the next tick issues its prompts again
-                s->tasks[i].deadline = 0;
-                if (++j->task_failures > 20) {
-                    drop_tasks(s, j->id);
-                    set_state(s, j, JS_FAILED, r->error ? r->error : "rollout tasks keep failing");
-                }
-                break;
-            }
+    case PROTO_REP_TASK_FAILED: {
+        int i = policy_lease_find(&s->leases, r->task_id, NULL);
+        if (i < 0) break;
+        // expire it now: the next tick issues its prompts again
+        s->leases.v[i].deadline = 0;
+        if (++j->task_failures > 20) {
+            drop_tasks(s, j->id);
+            set_state(s, j, JS_FAILED, r->error ? r->error : "rollout tasks keep failing");
+        }
         break;
+    }
     }
 }
 
 int sched_continue(sched_t *s, const void *frame, size_t len, char *err) {
     proto_batch_t b;
     if (proto_batch_decode("cont", frame, len, &b, err)) return -1;
-    int ti = -1;
-    for (int i = 0; i < s->n_tasks && ti < 0; i++)
-        if (s->tasks[i].id == b.task_id && !strcmp(s->tasks[i].job, b.job)) ti = i;
+    int ti = policy_lease_find(&s->leases, b.task_id, b.job);
     if (ti < 0) {
         // expired and issued again, or its job ended: the episodes are dropped
         logj_debug(b.job, "continuation of task %llu ignored (no lease)", (unsigned long long)b.task_id);
@@ -672,7 +618,7 @@ int sched_continue(sched_t *s, const void *frame, size_t len, char *err) {
             logj_warn(b.job, "task %llu: rollout queue full; its episodes are issued again when the lease ends",
                       (unsigned long long)b.task_id);
         } else {
-            s->tasks[ti].deadline = util_now() + s->cfg.lease_s;
+            s->leases.v[ti].deadline = util_now() + s->cfg.lease_s;
         }
     }
     proto_batch_free(&b);

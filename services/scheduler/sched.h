@@ -1,6 +1,7 @@
 // sched.h - the scheduler's job table and work issuing: fair share across running jobs,
 // per-job staleness bound, leases with re-issue, periodic greedy evals, completion. Redis is
-// the source of truth; the in-memory table is rebuilt from it after a restart.
+// the source of truth; the in-memory table is rebuilt from it after a restart. The decisions
+// themselves (which job, how much, which lease, which report) are common/rl/policy.h's.
 #ifndef MARLAAS_SCHED_H
 #define MARLAAS_SCHED_H
 
@@ -13,8 +14,7 @@
 #include "common/net/proto.h"
 #include "common/net/store.h"
 #include "common/rl/jobspec.h"
-
-typedef enum { POLICY_ASYNC = 0, POLICY_SYNC = 1 } sched_policy_t;
+#include "common/rl/policy.h"   // sched_policy_t; the decisions sched.c applies
 
 typedef struct sched sched_t;
 

@@ -12,6 +12,14 @@
 #   free_low_port                      a free loopback port for an example service
 #   check DESCRIPTION COMMAND...       runs COMMAND; when it fails prints "FAILED: DESCRIPTION" and
 #                                      sets fail=1 (the test exits $fail at its end)
+#   wait_for TIMEOUT_S COMMAND...      runs COMMAND every 0.1 s until it succeeds; after TIMEOUT_S
+#                                      without success says which condition never held, returns 1
+#   env_port NAME                      the port of setting NAME in $RUN/env (MARLAAS_WORK, ...)
+#   tcp_connected PID PORT             true while PID holds an established connection to PORT
+#   tcp_unread PID PORT [MIN_BYTES]    true while at least MIN_BYTES (default 1) sent to PID on its
+#                                      connection to PORT wait unread by PID (a stopped process)
+#   tcp_unanswered PID PORT            true while bytes PID sent on its connection to PORT wait
+#                                      unread by the other end (a server stopped with SIGSTOP)
 #   cluster_down                       stops everything (also registered as an EXIT trap)
 BIN=${MARLAAS_BIN:-build/bin}
 M="$BIN/marlaas"
@@ -56,6 +64,49 @@ check() {
     local what=$1
     shift
     if "$@"; then :; else echo "FAILED: $what"; fail=1; fi
+}
+
+# Polls a condition instead of sleeping for a time that is enough on some machine and not on a
+# slower or busier one: the test goes on as soon as the condition holds and says which one did
+# not when it never does.
+wait_for() {
+    local timeout=$1 t0=$EPOCHREALTIME
+    shift
+    until "$@"; do
+        if awk -v a="$t0" -v b="$EPOCHREALTIME" -v t="$timeout" 'BEGIN {exit !(b - a >= t)}'; then
+            echo "wait_for: still false after ${timeout} s: $*" >&2
+            return 1
+        fi
+        sleep 0.1
+    done
+}
+
+env_port() {
+    sed -n "s/^$1=.*:\([0-9]*\)\$/\1/p" "$RUN/env"
+}
+
+# `ss` lists PID's established connections to loopback PORT (-p names the owner, for processes
+# of this user; a stopped process is listed like a running one): Recv-Q, Send-Q, local, peer.
+tcp_conns() {
+    ss -Htnp state established "( dport = :$2 )" 2>/dev/null | awk -v p="pid=$1," 'index($0, p)'
+}
+
+tcp_connected() {
+    [ -n "$(tcp_conns "$1" "$2")" ]
+}
+
+tcp_unread() {
+    tcp_conns "$1" "$2" | awk -v m="${3:-1}" '$1 >= m {f = 1} END {exit !f}'
+}
+
+tcp_unanswered() {
+    local lp
+    # the other end of each connection: its Recv-Q holds what PID sent and it has not read
+    for lp in $(tcp_conns "$1" "$2" | awk '{n = split($3, a, ":"); print a[n]}'); do
+        ss -Htn state established "( sport = :$2 and dport = :$lp )" 2>/dev/null | awk '$1 > 0 {f = 1} END {exit !f}' &&
+            return 0
+    done
+    return 1
 }
 
 cluster_up() {

@@ -119,7 +119,8 @@ cluster_up --model models/micro --port-base "$(low_port_base)"
 svc_restart scheduler "${LEASES[@]}"
 # The rollout reconnects to the new scheduler's work socket within about 100 ms; tasks issued
 # before that are not sent, and a job submitted then would lose its eval before training.
-sleep 1
+wait_for 10 tcp_connected "$(svc_pid rollout)" "$(env_port MARLAAS_WORK)" ||
+    bad "the rollout did not connect to the restarted scheduler's work socket within 10 s"
 
 # --- a. rollout crash ---------------------------------------------------------------------------
 start_jobs crash-rollout
@@ -127,13 +128,18 @@ reissued0=$(count_in_logs "issuing its")
 at=$(wait_progress "$TOK")
 t0=$EPOCHREALTIME
 # micro generates faster than the trainer consumes, so the rollout is often idle; stopped first,
-# it receives tasks it never finishes and dies holding them
-kill -STOP "$(svc_pid rollout)"
-sleep 0.5
+# it receives tasks it never finishes and dies holding them: it is killed once a task's worth of
+# bytes waits unread in its work socket (more than the ZMTP heartbeats it also misses: a few bytes
+# a second, until the scheduler gives up on it after 5 s)
+rpid=$(svc_pid rollout)
+kill -STOP "$rpid"
+t_stop=$EPOCHREALTIME
+wait_for 10 tcp_unread "$rpid" "$(env_port MARLAAS_WORK)" 200 ||
+    bad "a: the stopped rollout was sent no task within 10 s"
+held=$(tcp_conns "$rpid" "$(env_port MARLAAS_WORK)" | awk '{s += $1} END {print s + 0}')
 svc_stop rollout KILL
-sleep 1
 svc_start rollout
-echo "a: rollout SIGSTOPped at step $at, SIGKILLed 0.5 s later, new rollout started"
+echo "a: rollout SIGSTOPped at step $at, SIGKILLed $(secs_since "$t_stop") s later holding $held unread bytes of tasks, new rollout started"
 wait_jobs "$TOK" 120 || bad "a: jobs did not finish after the rollout crash"
 dt=$(secs_since "$t0")
 reissued=$(( $(count_in_logs "issuing its") - reissued0 ))

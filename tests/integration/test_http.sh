@@ -13,6 +13,8 @@ fail=0
 gt() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN {exit !(a + 0 > b + 0)}'; }
 ge() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN {exit !(a + 0 >= b + 0)}'; }
 code() { curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$@"; }
+code_is() { [ "$(code "${@:2}")" = "$1" ]; }
+gone() { ! kill -0 "$1" 2>/dev/null; }
 
 cluster_up --model models/micro
 SCH=$(svc_http scheduler) ROL=$(svc_http rollout) VER=$(svc_http verifier) TRA=$(svc_http trainer)
@@ -20,9 +22,8 @@ SCH=$(svc_http scheduler) ROL=$(svc_http rollout) VER=$(svc_http verifier) TRA=$
 # readiness comes within a few seconds of "up" (first heartbeat, first verifier resolution)
 for svc in scheduler rollout verifier trainer; do
     addr=$(svc_http $svc)
-    for _ in $(seq 1 50); do [ "$(code "http://$addr/readyz")" = 200 ] && break; sleep 0.2; done
+    check "$svc /readyz 200 within 10 s" wait_for 10 code_is 200 "http://$addr/readyz"
     check "$svc /healthz 200" [ "$(code "http://$addr/healthz")" = 200 ]
-    check "$svc /readyz 200" [ "$(code "http://$addr/readyz")" = 200 ]
     check "$svc /metrics names the service" \
         sh -c "curl -sf --max-time 5 http://$addr/metrics | grep -q '^marlaas_info{service=\"$svc\",id=\"'"
     check "$svc /nope 404" [ "$(code "http://$addr/nope")" = 404 ]
@@ -41,19 +42,24 @@ check "metrics are well-formed" sh -c "curl -sf http://$TRA/metrics | awk '
 T=$(mk_tenant metrics)
 STEPS=800
 job=$(submit "$T" --task vowels --steps $STEPS --prompts 16 --group 8 --eval-every 0 --eval-n 64)
-# two scrapes during the run, 3 s apart, once training has started
-for _ in $(seq 1 100); do
-    gt "$(metric "$TRA" marlaas_trainer_job_step "$job")" 2 && gt "$(metric "$SCH" marlaas_scheduler_job_step "$job")" 0 && break
-    sleep 0.2
-done
-r1=$(metric "$ROL" marlaas_rollout_tokens_total); v1=$(metric "$VER" marlaas_verifier_samples_total)
-t1=$(metric "$TRA" marlaas_trainer_steps_total); s1=$(metric "$SCH" marlaas_scheduler_job_step "$job")
-rj1=$(metric "$ROL" marlaas_rollout_job_tokens_total "$job"); vj1=$(metric "$VER" marlaas_verifier_job_samples_total "$job")
-sleep 3
-r2=$(metric "$ROL" marlaas_rollout_tokens_total); v2=$(metric "$VER" marlaas_verifier_samples_total)
-t2=$(metric "$TRA" marlaas_trainer_steps_total); s2=$(metric "$SCH" marlaas_scheduler_job_step "$job")
-rj2=$(metric "$ROL" marlaas_rollout_job_tokens_total "$job"); vj2=$(metric "$VER" marlaas_verifier_job_samples_total "$job")
-echo "during the run (3 s apart): rollout tokens $r1 -> $r2, job tokens $rj1 -> $rj2; verifier samples $v1 -> $v2," \
+# two scrapes during the run, once training has started: the second as soon as every counter has
+# moved past the first (the services export every 2 s), within 30 s
+training() { gt "$(metric "$TRA" marlaas_trainer_job_step "$job")" 2 && gt "$(metric "$SCH" marlaas_scheduler_job_step "$job")" 0; }
+wait_for 20 training || true   # the checks below say what did not move
+scrape() {
+    r2=$(metric "$ROL" marlaas_rollout_tokens_total); v2=$(metric "$VER" marlaas_verifier_samples_total)
+    t2=$(metric "$TRA" marlaas_trainer_steps_total); s2=$(metric "$SCH" marlaas_scheduler_job_step "$job")
+    rj2=$(metric "$ROL" marlaas_rollout_job_tokens_total "$job"); vj2=$(metric "$VER" marlaas_verifier_job_samples_total "$job")
+}
+grown() {
+    scrape
+    gt "$r2" "$r1" && gt "$rj2" "$rj1" && gt "$v2" "$v1" && gt "$vj2" "$vj1" && gt "$t2" "$t1" && gt "$s2" "$s1"
+}
+scrape
+r1=$r2 v1=$v2 t1=$t2 s1=$s2 rj1=$rj2 vj1=$vj2 t_scrape=$EPOCHREALTIME
+wait_for 30 grown || true   # the checks below say which counter did not grow
+dt_scrape=$(awk -v a="$t_scrape" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}')
+echo "during the run ($dt_scrape s apart): rollout tokens $r1 -> $r2, job tokens $rj1 -> $rj2; verifier samples $v1 -> $v2," \
      "job $vj1 -> $vj2; trainer steps $t1 -> $t2; scheduler job step $s1 -> $s2"
 check "rollout tokens grow" gt "$r2" "$r1"
 check "rollout job tokens grow" gt "$rj2" "$rj1"
@@ -68,9 +74,13 @@ check "trainer busy fraction in (0, 1.05]" sh -c "awk -v b='$busy' 'BEGIN {exit 
 check "rollout sees a verifier" [ "$(metric "$ROL" marlaas_rollout_verifiers)" = 1 ]
 
 wait_jobs "$T" 300
-sleep 2.5   # one more heartbeat of every service
-st=$(metric "$TRA" marlaas_trainer_job_step "$job"); ss=$(metric "$SCH" marlaas_scheduler_job_step "$job")
-vs=$(metric "$VER" marlaas_verifier_job_samples_total "$job"); active=$(metric "$SCH" marlaas_scheduler_job_active "$job")
+# the services' next exports carry the job's end (every 2 s)
+settled() {
+    st=$(metric "$TRA" marlaas_trainer_job_step "$job"); ss=$(metric "$SCH" marlaas_scheduler_job_step "$job")
+    vs=$(metric "$VER" marlaas_verifier_job_samples_total "$job"); active=$(metric "$SCH" marlaas_scheduler_job_active "$job")
+    [ "$st" = $STEPS ] && [ "$ss" = $STEPS ] && [ "$active" = 0 ] && ge "$vs" $((STEPS * 16 * 8))
+}
+wait_for 15 settled || true   # the checks below say which value is off
 echo "after the run: trainer job step $st, scheduler job step $ss (active $active), verifier job samples $vs"
 check "job done" [ "$(job_field "$T" "$job" status)" = done ]
 check "trainer at the final step" [ "$st" = $STEPS ]
@@ -85,27 +95,28 @@ check "API requests counted" gt "$(metric "$SCH" marlaas_api_requests_total)" 2
 XP=$(free_low_port)
 (set -a; . "$RUN/env"; set +a; MARLAAS_HTTP=0 MARLAAS_VERIFIERS="tcp://127.0.0.1:$XP" exec "$BIN/marlaas-verifier") > "$RUN/xv.log" 2>&1 &
 xv_pid=$!
-for _ in $(seq 1 50); do grep -q " ready: " "$RUN/xv.log" && break; sleep 0.1; done
+check "extra verifier ready within 10 s" wait_for 10 grep -qs " ready: " "$RUN/xv.log"
 redis_pid=$(svc_pid redis)
 kill -STOP "$redis_pid"
-for _ in $(seq 1 60); do [ "$(code "http://$TRA/readyz")" = 503 ] && break; sleep 0.25; done
+wait_for 15 code_is 503 "http://$TRA/readyz" || true
 body=$(curl -s --max-time 5 "http://$TRA/readyz" || true)
 echo "Redis paused: trainer /readyz: $body"
 check "not ready without Redis" [ "$(code "http://$TRA/readyz")" = 503 ]
 check "/readyz names Redis" sh -c "echo '$body' | grep -q Redis"
 check "still alive without Redis" [ "$(code "http://$TRA/healthz")" = 200 ]
-# SIGTERM while Redis hangs: the extra verifier is blocked in a Redis read (30 s I/O timeout)
-# and still exits by its 10 s stop deadline
-sleep 2.5
+# SIGTERM while Redis hangs: the extra verifier is blocked in a Redis read (30 s I/O timeout),
+# its heartbeat (every 2 s) unanswered in the paused Redis's socket, and still exits by its 10 s
+# stop deadline
+check "extra verifier waits on the paused Redis" wait_for 10 tcp_unanswered "$xv_pid" "$(env_port MARLAAS_REDIS)"
 kill -TERM "$xv_pid"
 t0=$EPOCHREALTIME
-for _ in $(seq 1 130); do kill -0 "$xv_pid" 2>/dev/null || break; sleep 0.1; done
+wait_for 13 gone "$xv_pid" || true
 xv_s=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}')
 echo "SIGTERM to a verifier blocked on the paused Redis: gone after $xv_s s ($(tail -n 1 "$RUN/xv.log" | cut -c1-90))"
 check "blocked verifier exits within 13 s of SIGTERM" sh -c "! kill -0 $xv_pid 2>/dev/null"
 kill -9 "$xv_pid" 2>/dev/null || true
 kill -CONT "$redis_pid"
-for _ in $(seq 1 60); do [ "$(code "http://$TRA/readyz")" = 200 ] && break; sleep 0.25; done
+wait_for 15 code_is 200 "http://$TRA/readyz" || true
 check "ready again with Redis" [ "$(code "http://$TRA/readyz")" = 200 ]
 check "redis_up back to 1" [ "$(metric "$TRA" marlaas_redis_up)" = 1 ]
 
@@ -138,7 +149,7 @@ PH=replace-with-a-random-token
     MARLAAS_WORK="tcp://127.0.0.1:${P[1]}" MARLAAS_EVENTS="tcp://127.0.0.1:${P[2]}" MARLAAS_REPORTS="tcp://127.0.0.1:${P[3]}" \
     MARLAAS_HTTP="127.0.0.1:${P[4]}"; exec "$BIN/marlaas-scheduler") > "$RUN/ph.log" 2>&1 &
 ph_pid=$!
-for _ in $(seq 1 50); do grep -q " ready: " "$RUN/ph.log" && break; sleep 0.1; done
+check "scheduler with the placeholder token ready within 10 s" wait_for 10 grep -qs " ready: " "$RUN/ph.log"
 set +e
 ph_out=$(MARLAAS_API="tcp://127.0.0.1:${P[0]}" MARLAAS_ADMIN_TOKEN=$PH "$M" tenant create mallory 2>&1)
 ph_rc=$?
@@ -148,5 +159,5 @@ echo "placeholder admin token: scheduler log: $(grep -m1 -o 'the admin token is 
 check "placeholder token logged" grep -q "admin token is the placeholder" "$RUN/ph.log"
 check "placeholder token creates no tenant" [ $ph_rc != 0 ]
 
-[ $fail = 0 ] && echo "4 services: /healthz /readyz /metrics live (rollout tokens $r1 -> $r2 in 3 s, trainer steps $t1 -> $t2), readiness follows Redis, bad ports refused"
+[ $fail = 0 ] && echo "4 services: /healthz /readyz /metrics live (rollout tokens $r1 -> $r2 in $dt_scrape s, trainer steps $t1 -> $t2), readiness follows Redis, bad ports refused"
 exit $fail

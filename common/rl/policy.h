@@ -1,0 +1,145 @@
+// policy.h - the scheduler's decisions as functions of their inputs, the clock passed in as
+// `now` (seconds, util_now's clock): which job gets the next rollout task, how many groups a job
+// may have in flight, when a lease has run out and what is issued again, which reports are
+// applied. services/scheduler/sched.c holds the state (Redis, sockets, the clock) and asks these;
+// the trainer's staleness filter is policy_stale.
+//
+// Fair share. Every job has a virtual time: groups issued to it divided by its weight (jobspec
+// `weight`, (0, 100], default 1). The next training task goes to the eligible job with the
+// smallest virtual time; on a tie, to the job earlier in the table (submission order, or restore
+// order after a scheduler restart). Weights are per job: a tenant has no weight of its own, its
+// share is the sum of its running jobs'. A job's virtual time grows when a task is issued
+// (policy_charge), not when it completes, and a lease issued again is not charged twice. A job
+// that joins starts at the smallest virtual time of the running jobs (0 when none): it neither
+// catches up on the time it was not running nor waits out the others' history. Eval tasks are
+// outside fair share: the scheduler sends eval rounds before any training task.
+// Between two tasks of job i, every other job j is issued at most floor(w_j / w_i) + 1 tasks
+// while all jobs stay eligible and tasks are the same size (tests/unit/test_policy.c checks this
+// bound over many rounds, and the groups of each job in proportion to its weight).
+//
+// In-flight cap (the staleness bound). A job's groups in flight are those in rollout tasks
+// holding a lease plus those verified and waiting at the trainer. Under the async policy a job
+// may have at most (staleness + 1) * B of them (B = prompts per step), so a group sampled with
+// version g reaches the trainer while the job is at most at version g + staleness, the bound the
+// trainer enforces (policy_stale). Under the sync policy the cap is B, and once a step's worth is
+// in flight the job waits (sync_waiting) until the trainer reports the step or its groups are
+// counted lost. A task holds min(chunk, room) prompts.
+//
+// Admission. Async admits every queued job at once; sync admits one job while none runs, in
+// table order (first come, first served).
+//
+// Leases. A task's lease runs out lease_s after it is issued (or after a continuation of its
+// episodes was forwarded); a `task failed` report sets its deadline to 0. A lease is expired at
+// `now` when now >= deadline. An expired task of a job that is not running is dropped; a training
+// task of a running job is issued again, the same prompts under a new task id, on the job's
+// current adapter version; an eval task is issued again on its round's version while its round
+// is the job's round in progress, and dropped otherwise. Groups at the trainer are counted lost
+// when the job has a full batch (>= B) there and no step for more than train_lease_s.
+//
+// Reports. An episodes report is applied only while its task holds a lease; applying it removes
+// the lease, so a second copy of the report, or the late report of a task whose lease ran out
+// and whose prompts went out again under another id, is not counted again (its episodes still
+// reach the trainer: data, not a step). An eval report counts only for the job's current round.
+// A step report moves step and version forward only.
+#ifndef MARLAAS_POLICY_H
+#define MARLAAS_POLICY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/net/proto.h"
+
+typedef enum { POLICY_ASYNC = 0, POLICY_SYNC = 1 } sched_policy_t;
+
+// --- fair share and the in-flight cap --------------------------------------------------------
+
+// What the issuing decision reads of a job.
+typedef struct {
+    bool running;            // admitted and not finished, cancelled or failed
+    uint32_t step;           // optimiser steps reported
+    uint32_t max_steps;
+    int prompts;             // B: groups per optimiser step
+    int staleness;           // jobspec staleness (eta)
+    int in_flight;           // groups in leased rollout tasks + groups at the trainer
+    bool sync_waiting;       // sync: a step's worth issued, waiting for the trainer
+    double vtime;            // virtual time: groups issued / weight, from its start
+} policy_job_t;
+
+// Groups a job may have in flight: B (sync) or (staleness + 1) * B (async).
+int policy_cap(sched_policy_t p, int prompts, int staleness);
+// Groups the job may be issued now: 0 when it is not running, has reached max_steps (an eval
+// round in progress does not stop training), waits for its step (sync), or is at its cap.
+int policy_room(sched_policy_t p, const policy_job_t *j);
+// Index of the job that gets the next training task, -1 when none may take more.
+int policy_next_job(sched_policy_t p, const policy_job_t *jobs, int n);
+// Prompts in the next task of a job with `room`: min(room, chunk).
+uint32_t policy_task_size(int room, int chunk);
+// The job's virtual time after a task of n groups.
+double policy_charge(double vtime, uint32_t n, double weight);
+// Virtual time of a job that joins now: the smallest of the running jobs', 0 when none runs.
+double policy_start_vtime(const policy_job_t *jobs, int n);
+// Sync policy: true once a step's worth (B groups) is in flight; the job then waits for its step.
+bool policy_sync_full(sched_policy_t p, int in_flight, int prompts);
+// Whether a queued job is admitted while `running` jobs run.
+bool policy_admit(sched_policy_t p, int running);
+// A group sampled with adapter version `sampled` may not train version `current`.
+bool policy_stale(uint32_t current, uint32_t sampled, int staleness);
+
+// --- leases -----------------------------------------------------------------------------------
+
+typedef struct {
+    uint64_t id;              // task id
+    char job[PROTO_MAX_ID];
+    proto_kind_t kind;
+    uint32_t n;               // prompts (training: groups)
+    uint64_t *index;          // (n) example indices, owned by the lease
+    uint32_t version;         // adapter version the task samples
+    int round;                // eval tasks: their round
+    double deadline;          // the lease runs out at this time
+} policy_lease_t;
+
+// The leases held, in no particular order. Zero-initialised is empty; owns its leases.
+typedef struct {
+    policy_lease_t *v;
+    int n, cap;
+} policy_leases_t;
+
+void policy_leases_free(policy_leases_t *t);
+// Records a lease on task `id` until `deadline`, with a copy of index[n].
+void policy_lease_add(policy_leases_t *t, uint64_t id, const char *job, proto_kind_t kind, const uint64_t *index,
+                      uint32_t n, uint32_t version, int round, double deadline);
+// Position of the lease on task `id` (of `job` when job is not NULL), -1 when none is held.
+int policy_lease_find(const policy_leases_t *t, uint64_t id, const char *job);
+// Removes the lease at position i and hands it, index array included, to *out (the caller frees
+// out->index), or frees it when out is NULL. The last lease takes position i.
+void policy_lease_take(policy_leases_t *t, int i, policy_lease_t *out);
+// Removes every lease of a job.
+void policy_leases_drop_job(policy_leases_t *t, const char *job);
+// Whether a lease with this deadline has run out at `now`.
+bool policy_lease_expired(double deadline, double now);
+// Position of the first lease at or after `from` that has run out at `now`, -1 when none.
+int policy_lease_next_expired(const policy_leases_t *t, int from, double now);
+// Whether the expired lease k of a running job is issued again, and on which adapter version
+// (*version): see "Leases" above. eval_round, version and eval_version are the job's.
+bool policy_reissue(const policy_lease_t *k, int eval_round, uint32_t version, uint32_t eval_version,
+                    uint32_t *reissue_version);
+// Groups at the trainer are counted lost: a full batch there and no step for more than lease_s.
+bool policy_trainer_lost(double now, double last_step_time, double lease_s, int at_trainer, int prompts);
+
+// --- reports ----------------------------------------------------------------------------------
+
+typedef enum {
+    POLICY_RESULT_IGNORE,    // no lease on the task, or an eval of a round that is over
+    POLICY_RESULT_TRAIN,     // training episodes: move the lease's groups to the trainer
+    POLICY_RESULT_EVAL,      // eval episodes of the round in progress: count them
+} policy_result_t;
+
+// An episodes report of task `id` for a job whose eval round in progress is `eval_round`: takes
+// the task's lease into *out when one is held (the caller frees out->index; NULL when none was
+// held) and says what to do with the report. A second report of the same task finds no lease and
+// is ignored.
+policy_result_t policy_result(policy_leases_t *t, uint64_t id, int eval_round, policy_lease_t *out);
+// A step report: step and version move to the report's when either is ahead of the job's.
+void policy_step_report(uint32_t *step, uint32_t *version, uint32_t rep_step, uint32_t rep_version);
+
+#endif

@@ -1,0 +1,386 @@
+// test_policy.c - the scheduler's decisions (common/rl/policy.h) in simulated rounds: fair share
+// against the bounds its rule implies, the in-flight cap and the staleness it guarantees, lease
+// expiry at its deadline and re-issue, reports applied once.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rl/policy.h"
+
+// A job that always has room (running, far from max_steps, nothing in flight).
+static policy_job_t open_job(void) {
+    return (policy_job_t){.running = true, .max_steps = 1000000, .prompts = 1000000, .staleness = 1};
+}
+
+static uint64_t lcg(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+// Runs `rounds` issuing decisions over jobs that always have room, tasks of `chunk` groups.
+// Checks after every round that the virtual times stay within chunk / min weight of each other
+// (the smallest is charged each time), and between two tasks of job i every other job j got at
+// most floor(w_j / w_i) + 1 tasks. Returns the groups issued per job in g.
+static void simulate_share(policy_job_t *jobs, const double *w, int n, int rounds, int chunk, long *g) {
+    int since[16] = {0};   // tasks of other jobs since job i's last task
+    double wmin = w[0];
+    for (int i = 1; i < n; i++) wmin = fmin(wmin, w[i]);
+    for (int r = 0; r < rounds; r++) {
+        int k = policy_next_job(POLICY_ASYNC, jobs, n);
+        cr_assert_geq(k, 0, "round %d: no job chosen although all have room", r);
+        uint32_t sz = policy_task_size(policy_room(POLICY_ASYNC, &jobs[k]), chunk);
+        cr_assert_eq(sz, (uint32_t)chunk);
+        jobs[k].vtime = policy_charge(jobs[k].vtime, sz, w[k]);
+        g[k] += sz;
+        for (int i = 0; i < n; i++) {
+            if (i == k) {
+                since[i] = 0;
+                continue;
+            }
+            since[i]++;
+            int bound = 0;
+            for (int j = 0; j < n; j++)
+                if (j != i) bound += (int)floor(w[j] / w[i]) + 1;
+            cr_assert_leq(since[i], bound, "round %d: job %d (weight %.2f) not issued for %d tasks (bound %d)", r, i, w[i],
+                          since[i], bound);
+        }
+        double lo = jobs[0].vtime, hi = jobs[0].vtime;
+        for (int i = 1; i < n; i++) lo = fmin(lo, jobs[i].vtime), hi = fmax(hi, jobs[i].vtime);
+        cr_assert_leq(hi - lo, chunk / wmin + 1e-9, "round %d: virtual times spread %.3f > %.3f", r, hi - lo, chunk / wmin);
+    }
+}
+
+Test(policy, equal_weights_share_equally_and_starve_no_job) {
+    enum { N = 5, ROUNDS = 10000, CHUNK = 8 };
+    policy_job_t jobs[N];
+    double w[N];
+    long g[N] = {0};
+    for (int i = 0; i < N; i++) jobs[i] = open_job(), w[i] = 1.0;
+    simulate_share(jobs, w, N, ROUNDS, CHUNK, g);
+    // round robin: every job within one task of the others
+    for (int i = 0; i < N; i++) cr_assert_eq(g[i], (long)ROUNDS / N * CHUNK, "job %d: %ld groups", i, g[i]);
+}
+
+Test(policy, weights_are_respected_in_proportion) {
+    enum { N = 4, ROUNDS = 20000, CHUNK = 8 };
+    const double w[N] = {1.0, 2.0, 5.0, 0.5};
+    policy_job_t jobs[N];
+    long g[N] = {0}, total = 0;
+    double wsum = 0;
+    for (int i = 0; i < N; i++) jobs[i] = open_job(), wsum += w[i];
+    simulate_share(jobs, w, N, ROUNDS, CHUNK, g);
+    for (int i = 0; i < N; i++) total += g[i];
+    for (int i = 0; i < N; i++) {
+        // groups / weight equal within one task of the lightest job (chunk / min weight)
+        cr_assert_leq(fabs((double)g[i] / w[i] - (double)g[0] / w[0]), CHUNK / 0.5 + 1e-9, "job %d: %ld groups", i, g[i]);
+        double share = (double)g[i] / (double)total, want = w[i] / wsum;
+        cr_assert_leq(fabs(share - want), 0.002, "job %d: share %.4f, weight share %.4f", i, share, want);
+    }
+}
+
+Test(policy, ties_go_to_the_earlier_job_and_full_jobs_are_passed_over) {
+    policy_job_t jobs[3] = {open_job(), open_job(), open_job()};
+    jobs[0].vtime = jobs[1].vtime = jobs[2].vtime = 4.0;
+    cr_assert_eq(policy_next_job(POLICY_ASYNC, jobs, 3), 0);
+    jobs[0].vtime = 4.5;
+    cr_assert_eq(policy_next_job(POLICY_ASYNC, jobs, 3), 1);
+    // the job furthest behind is at its cap: the next one gets the task
+    jobs[1].prompts = 16, jobs[1].staleness = 1, jobs[1].in_flight = 32;
+    cr_assert_eq(policy_next_job(POLICY_ASYNC, jobs, 3), 2);
+    // finished, not running: passed over too
+    jobs[2].step = jobs[2].max_steps;
+    cr_assert_eq(policy_next_job(POLICY_ASYNC, jobs, 3), 0);
+    jobs[0].running = false;
+    cr_assert_eq(policy_next_job(POLICY_ASYNC, jobs, 3), -1);
+    cr_assert_eq(policy_next_job(POLICY_ASYNC, jobs, 0), -1);
+}
+
+Test(policy, a_job_that_joins_starts_at_the_smallest_running_vtime) {
+    enum { N = 5, CHUNK = 8 };
+    const double w[N] = {1, 1, 1, 1, 1};
+    policy_job_t jobs[N];
+    long g[N] = {0};
+    for (int i = 0; i < N; i++) jobs[i] = open_job();
+    // job 3 is queued (not running) with a virtual time of 0: it is no reference for a joiner
+    jobs[3].running = false;
+    // the three running jobs have been issued for a while; job 4 is not yet in the table
+    simulate_share(jobs, w, 3, 999, CHUNK, g);
+    double vmin = fmin(jobs[0].vtime, fmin(jobs[1].vtime, jobs[2].vtime));
+    cr_assert_float_eq(policy_start_vtime(jobs, 4), vmin, 1e-12);
+    cr_assert_float_eq(policy_start_vtime(jobs, 0), 0.0, 0);
+    jobs[4].vtime = policy_start_vtime(jobs, 4);
+    // from now on the joiner takes its share, no catch-up burst and no wait: 4 running jobs, so
+    // a quarter of the next 40 tasks, give or take one
+    int mine = 0, first = -1;
+    for (int r = 0; r < 40; r++) {
+        policy_job_t run[4] = {jobs[0], jobs[1], jobs[2], jobs[4]};
+        int k = policy_next_job(POLICY_ASYNC, run, 4);
+        int idx = k == 3 ? 4 : k;
+        jobs[idx].vtime = policy_charge(jobs[idx].vtime, CHUNK, 1.0);
+        if (idx == 4) {
+            mine++;
+            if (first < 0) first = r;
+        }
+    }
+    cr_assert(first >= 0 && first < 4, "the joiner waited %d tasks for its first", first);
+    cr_assert(mine >= 9 && mine <= 11, "the joiner got %d of 40 tasks", mine);
+}
+
+// Issues tasks to one job until the policy gives it no more room; returns the groups in flight.
+static int fill(sched_policy_t p, policy_job_t *j, int chunk) {
+    for (int guard = 0; guard < 1000; guard++) {
+        if (policy_next_job(p, j, 1) < 0) return j->in_flight;
+        uint32_t n = policy_task_size(policy_room(p, j), chunk);
+        cr_assert_gt(n, 0u);
+        j->in_flight += (int)n;
+        cr_assert_leq(j->in_flight, policy_cap(p, j->prompts, j->staleness), "in flight %d over the cap", j->in_flight);
+        if (policy_sync_full(p, j->in_flight, j->prompts)) j->sync_waiting = true;
+    }
+    cr_assert_fail("the policy never stopped issuing");
+    return -1;
+}
+
+Test(policy, async_in_flight_cap_is_staleness_plus_one_batches) {
+    for (int eta = 0; eta <= 3; eta++) {
+        policy_job_t j = {.running = true, .max_steps = 10, .prompts = 16, .staleness = eta};
+        cr_assert_eq(policy_cap(POLICY_ASYNC, 16, eta), (eta + 1) * 16);
+        // chunk 5 does not divide the cap: the last task is cut to fit exactly
+        cr_assert_eq(fill(POLICY_ASYNC, &j, 5), (eta + 1) * 16, "staleness %d", eta);
+        cr_assert_eq(policy_room(POLICY_ASYNC, &j), 0);
+        // the trainer consumes a batch: exactly a batch of room again
+        j.in_flight -= 16;
+        cr_assert_eq(policy_room(POLICY_ASYNC, &j), 16);
+        cr_assert_eq(fill(POLICY_ASYNC, &j, 5), (eta + 1) * 16);
+    }
+}
+
+Test(policy, sync_issues_one_batch_then_waits_for_the_step) {
+    policy_job_t j = {.running = true, .max_steps = 10, .prompts = 16, .staleness = 3};
+    cr_assert_eq(policy_cap(POLICY_SYNC, 16, 3), 16);
+    cr_assert_not(policy_sync_full(POLICY_SYNC, 15, 16));
+    cr_assert(policy_sync_full(POLICY_SYNC, 16, 16));
+    cr_assert_not(policy_sync_full(POLICY_ASYNC, 16, 16));
+    cr_assert_eq(fill(POLICY_SYNC, &j, 5), 16);
+    cr_assert(j.sync_waiting);
+    // groups verified and even consumed: still no work until the step is reported
+    j.in_flight = 0;
+    cr_assert_eq(policy_room(POLICY_SYNC, &j), 0);
+    cr_assert_eq(policy_next_job(POLICY_SYNC, &j, 1), -1);
+    // the step report clears the wait (sched_report)
+    j.sync_waiting = false;
+    cr_assert_eq(policy_room(POLICY_SYNC, &j), 16);
+}
+
+Test(policy, admission_async_all_sync_one_at_a_time) {
+    cr_assert(policy_admit(POLICY_ASYNC, 0));
+    cr_assert(policy_admit(POLICY_ASYNC, 7));
+    cr_assert(policy_admit(POLICY_SYNC, 0));
+    cr_assert_not(policy_admit(POLICY_SYNC, 1));
+}
+
+Test(policy, staleness_bound) {
+    cr_assert_not(policy_stale(5, 5, 0));
+    cr_assert(policy_stale(6, 5, 0));
+    cr_assert_not(policy_stale(6, 5, 1));
+    cr_assert(policy_stale(7, 5, 1));
+    cr_assert_not(policy_stale(3, 5, 0));   // sampled with a newer version than the trainer's (restart)
+}
+
+// The cap is what keeps groups trainable: a job issued under the async cap, whose groups come back
+// from the rollouts in the order they were issued (random amounts per round), and a trainer that
+// steps on the oldest B groups: no group it trains is stale.
+Test(policy, the_async_cap_keeps_in_order_groups_within_staleness) {
+    for (int eta = 0; eta <= 2; eta++) {
+        enum { B = 6, Q = 4096 };
+        uint32_t fifo[Q];   // versions of the groups in flight, oldest first (rollout, then trainer)
+        int head = 0, tail = 0, verified = 0;   // [head, head + verified) have reached the trainer
+        uint32_t version = 0;
+        uint64_t rng = 42 + (uint64_t)eta;
+        int steps = 0;
+        policy_job_t j = {.running = true, .max_steps = 1000000, .prompts = B, .staleness = eta};
+        for (int r = 0; r < 3000 && tail < Q - 64; r++) {
+            j.in_flight = tail - head;
+            while (policy_next_job(POLICY_ASYNC, &j, 1) == 0) {
+                uint32_t n = policy_task_size(policy_room(POLICY_ASYNC, &j), 4);
+                for (uint32_t k = 0; k < n; k++) fifo[tail++] = version;
+                j.in_flight += (int)n;
+            }
+            int done = (int)(lcg(&rng) % 8);
+            verified += done;
+            if (verified > tail - head) verified = tail - head;
+            while (verified >= B) {
+                for (int k = 0; k < B; k++)
+                    cr_assert_not(policy_stale(version, fifo[head + k], eta),
+                                  "staleness %d: a group of version %u trains version %u", eta, fifo[head + k], version);
+                head += B, verified -= B, version++, steps++;
+            }
+        }
+        cr_assert_gt(steps, 100, "staleness %d: only %d steps simulated", eta, steps);
+    }
+}
+
+// --- leases -----------------------------------------------------------------------------------
+
+static const uint64_t IDX[4] = {10, 11, 12, 13};
+
+Test(policy, a_lease_runs_out_at_its_deadline_not_before) {
+    cr_assert_not(policy_lease_expired(100.0, 99.999));
+    cr_assert(policy_lease_expired(100.0, 100.0));
+    cr_assert(policy_lease_expired(100.0, 250.0));
+    cr_assert(policy_lease_expired(0, 1e-3));   // a `task failed` report: deadline 0
+    policy_leases_t t = {0};
+    policy_lease_add(&t, 1, "j-1", PROTO_KIND_TRAIN, IDX, 4, 3, 0, 100.0);
+    cr_assert_eq(policy_lease_next_expired(&t, 0, 99.999), -1);
+    cr_assert_eq(policy_lease_next_expired(&t, 0, 100.0), 0);
+    policy_leases_free(&t);
+    cr_assert_eq(t.n, 0);
+}
+
+// The scheduler's scan (sched_tick): every lease past its deadline at `now` is taken and issued
+// again exactly once under a new id with a new deadline; the others stay as they are.
+Test(policy, every_expired_lease_is_reissued_once_and_no_other) {
+    policy_leases_t t = {0};
+    const double deadline[8] = {5, 12, 10, 9.99, 10.01, 0, 30, 10};
+    for (int i = 0; i < 8; i++) policy_lease_add(&t, (uint64_t)i, "j-1", PROTO_KIND_TRAIN, IDX, 4, 1, 0, deadline[i]);
+    const double now = 10.0, lease_s = 3.0;
+    uint64_t next_id = 100;
+    int reissued[8] = {0};
+    for (int i = 0; (i = policy_lease_next_expired(&t, i, now)) >= 0;) {
+        policy_lease_t k;
+        policy_lease_take(&t, i, &k);
+        uint32_t ver = 0;
+        cr_assert(policy_reissue(&k, 0, 7, 0, &ver));
+        cr_assert_eq(ver, 7u, "a training task goes out again on the current version");
+        cr_assert_lt(k.id, 8u, "a lease issued again in this scan came round again");
+        reissued[k.id]++;
+        policy_lease_add(&t, next_id++, k.job, k.kind, k.index, k.n, ver, k.round, now + lease_s);
+        free(k.index);
+    }
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(reissued[i], deadline[i] <= now ? 1 : 0, "lease %d (deadline %.2f): issued again %d times", i,
+                     deadline[i], reissued[i]);
+    cr_assert_eq(t.n, 8);
+    for (int i = 0; i < 8; i++) {
+        const policy_lease_t *k = &t.v[i];
+        if (k->id >= 100) cr_assert_float_eq(k->deadline, now + lease_s, 0);
+        else cr_assert_gt(k->deadline, now);
+        cr_assert_eq(k->n, 4u);
+        cr_assert_eq(memcmp(k->index, IDX, sizeof IDX), 0);
+    }
+    cr_assert_eq(policy_lease_next_expired(&t, 0, now), -1);
+    policy_leases_free(&t);
+}
+
+Test(policy, eval_leases_go_out_again_only_in_their_round_on_its_version) {
+    policy_lease_t k = {.kind = PROTO_KIND_EVAL, .round = 4, .version = 2};
+    uint32_t ver = 99;
+    cr_assert(policy_reissue(&k, 4, 9, 2, &ver));
+    cr_assert_eq(ver, 2u);
+    ver = 99;
+    cr_assert_not(policy_reissue(&k, 5, 9, 6, &ver));
+    cr_assert_not(policy_reissue(&k, 0, 9, 6, &ver));
+    cr_assert_eq(ver, 99u);
+    k.kind = PROTO_KIND_TRAIN;
+    cr_assert(policy_reissue(&k, 5, 9, 6, &ver));
+    cr_assert_eq(ver, 9u);
+}
+
+Test(policy, trainer_groups_counted_lost_after_train_lease) {
+    cr_assert(policy_trainer_lost(160.5, 100, 60, 16, 16));
+    cr_assert_not(policy_trainer_lost(160.0, 100, 60, 16, 16), "lost only after more than train_lease_s");
+    cr_assert_not(policy_trainer_lost(500, 100, 60, 15, 16), "less than a batch waits for more groups, not a step");
+    cr_assert(policy_trainer_lost(500, 100, 60, 40, 16));
+}
+
+// --- reports ----------------------------------------------------------------------------------
+
+// Groups moved to the trainer by a sequence of episodes reports, as sched_report applies them.
+static int apply(policy_leases_t *t, const uint64_t *ids, int n, int eval_round, int *eval_reports) {
+    int at_trainer = 0;
+    for (int i = 0; i < n; i++) {
+        policy_lease_t k;
+        policy_result_t what = policy_result(t, ids[i], eval_round, &k);
+        if (what == POLICY_RESULT_TRAIN) at_trainer += (int)k.n;
+        if (what == POLICY_RESULT_EVAL) ++*eval_reports;
+        if (what == POLICY_RESULT_IGNORE && !k.index) cr_assert_eq(k.n, 0u);
+        free(k.index);
+    }
+    return at_trainer;
+}
+
+Test(policy, a_result_is_applied_once) {
+    policy_leases_t t = {0};
+    policy_lease_add(&t, 7, "j-1", PROTO_KIND_TRAIN, IDX, 4, 1, 0, 60);
+    policy_lease_add(&t, 8, "j-1", PROTO_KIND_TRAIN, IDX, 3, 1, 0, 60);
+    int evals = 0;
+    // 7 reported twice (a duplicate), 8 once, 9 never leased
+    const uint64_t ids[] = {7, 7, 8, 9, 8};
+    cr_assert_eq(apply(&t, ids, 5, 0, &evals), 4 + 3);
+    cr_assert_eq(t.n, 0);
+    cr_assert_eq(evals, 0);
+    policy_leases_free(&t);
+}
+
+Test(policy, the_late_result_of_a_reissued_task_is_not_counted_again) {
+    policy_leases_t t = {0};
+    policy_lease_add(&t, 7, "j-1", PROTO_KIND_TRAIN, IDX, 4, 1, 0, 60);
+    // the lease runs out and the prompts go out again as task 8
+    int i = policy_lease_next_expired(&t, 0, 60);
+    cr_assert_eq(i, 0);
+    policy_lease_t k;
+    policy_lease_take(&t, i, &k);
+    policy_lease_add(&t, 8, k.job, k.kind, k.index, k.n, 2, 0, 120);
+    free(k.index);
+    int evals = 0;
+    // the original's result arrives late, then the re-issue's, then the original's once more
+    const uint64_t ids[] = {7, 8, 7, 8};
+    cr_assert_eq(apply(&t, ids, 4, 0, &evals), 4);
+    policy_leases_free(&t);
+}
+
+Test(policy, eval_results_count_once_and_only_for_the_current_round) {
+    policy_leases_t t = {0};
+    policy_lease_add(&t, 1, "j-1", PROTO_KIND_EVAL, IDX, 4, 0, 3, 60);
+    policy_lease_add(&t, 2, "j-1", PROTO_KIND_EVAL, IDX, 4, 0, 2, 60);   // a round that is over
+    policy_lease_add(&t, 3, "j-1", PROTO_KIND_EVAL, IDX, 4, 0, 3, 60);
+    int evals = 0;
+    const uint64_t ids[] = {1, 2, 1, 3, 3, 2};
+    cr_assert_eq(apply(&t, ids, 6, 3, &evals), 0, "eval groups never go to the trainer");
+    cr_assert_eq(evals, 2);
+    cr_assert_eq(t.n, 0, "the old round's lease is released as well");
+    policy_leases_free(&t);
+}
+
+Test(policy, leases_are_found_by_task_and_job_and_dropped_by_job) {
+    policy_leases_t t = {0};
+    uint64_t idx[4] = {1, 2, 3, 4};
+    for (int i = 0; i < 300; i++)   // past the first growth of the table
+        policy_lease_add(&t, (uint64_t)i, i % 3 ? "j-a" : "j-b", PROTO_KIND_TRAIN, idx, 4, 0, 0, 10 + i);
+    idx[0] = 99;   // the lease keeps its own copy
+    int p = policy_lease_find(&t, 42, NULL);
+    cr_assert_geq(p, 0);
+    cr_assert_eq(t.v[p].id, 42u);
+    cr_assert_eq(t.v[p].index[0], 1u);
+    cr_assert_eq(policy_lease_find(&t, 42, "j-b"), p);
+    cr_assert_eq(policy_lease_find(&t, 42, "j-a"), -1);
+    cr_assert_eq(policy_lease_find(&t, 300, NULL), -1);
+    policy_leases_drop_job(&t, "j-b");
+    cr_assert_eq(t.n, 200);
+    for (int i = 0; i < t.n; i++) cr_assert_str_eq(t.v[i].job, "j-a");
+    policy_leases_drop_job(&t, "j-a");
+    cr_assert_eq(t.n, 0);
+    policy_leases_free(&t);
+}
+
+Test(policy, step_reports_only_move_forward) {
+    uint32_t step = 0, version = 0;
+    policy_step_report(&step, &version, 3, 3);
+    cr_assert(step == 3 && version == 3);
+    policy_step_report(&step, &version, 2, 2);   // a late report of an earlier step
+    cr_assert(step == 3 && version == 3);
+    policy_step_report(&step, &version, 3, 3);   // the same report again
+    cr_assert(step == 3 && version == 3);
+    policy_step_report(&step, &version, 5, 5);
+    cr_assert(step == 5 && version == 5);
+}
