@@ -299,3 +299,52 @@ Test(tjobs, step_fingerprint) {
     tfp_expect("trainer step, shared prompts", a, shared);
     tfp_expect("trainer step, every sample whole", b, unshared);
 }
+
+// More jobs than 256 (--set max_jobs): every job's slot and every pass's list of slots is sized
+// from the pool. First only the job in the last slot is ready, then the 299 others at once, in one
+// pass: each step trains and publishes exactly the ready jobs.
+Test(tjobs, more_than_256_jobs) {
+    enum { N = 300 };
+    rig_t r;
+    rig_open(&r, N, "many:");
+    char err[ERR_LEN], id[16], spec[128];
+    for (int i = 0; i < N; i++) {
+        snprintf(id, sizeof id, "j%d", i);
+        snprintf(spec, sizeof spec, "{\"task\":\"add1\",\"prompts\":%d,\"group\":2,\"lr\":0.01,\"rank\":1}",
+                 i == N - 1 ? 1 : 2);
+        job_put(&r, id, spec, 1, 1000 + (uint64_t)i);
+    }
+    tjobs_cfg_t cfg = {.max_jobs = N, .keep_versions = 2, .optim_every = 1, .pass_rows = 1 << 20,
+                       .shared_prefix = true};
+    tjobs_t *t = tjobs_new(r.e, r.st, &cfg, err);
+    cr_assert_not_null(t, "%s", err);
+    rng_t rng;
+    rng_seed(&rng, 5);
+    for (int i = 0; i < N; i++) {
+        snprintf(id, sizeof id, "j%d", i);
+        add(&r, t, &rng, id, 1, 0, 1, 2, false);
+    }
+    cr_assert_eq(tjobs_count(t), N);
+    tjobs_result_t *res = calloc(N, sizeof *res);
+    int n = tjobs_step(t, res, N);
+    cr_assert_eq(n, 1, "%d results", n);
+    cr_assert(!res[0].failed && !strcmp(res[0].job, "j299") && res[0].version == 1, "%s: version %u %s", res[0].job,
+              res[0].version, res[0].error);
+    for (int i = 0; i < N - 1; i++) {
+        snprintf(id, sizeof id, "j%d", i);
+        add(&r, t, &rng, id, 2, 0, 1, 2, false);
+    }
+    n = tjobs_step(t, res, N);
+    cr_assert_eq(n, N - 1, "%d results", n);
+    for (int i = 0; i < n; i++) {
+        char want[16];
+        snprintf(want, sizeof want, "j%d", i);
+        cr_assert(!res[i].failed && !strcmp(res[i].job, want) && res[i].version == 1 && res[i].consumed == 2,
+                  "result %d: %s version %u consumed %u %s", i, res[i].job, res[i].version, res[i].consumed,
+                  res[i].error);
+    }
+    cr_assert_eq(tjobs_buffered(t), 0);
+    free(res);
+    tjobs_destroy(&t);
+    rig_close(&r);
+}
