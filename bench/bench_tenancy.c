@@ -2,8 +2,8 @@
 // services run: rollout generation throughput vs batch size and vs distinct adapters in the
 // batch (the continuous-batching generator of the rollout service), resident memory of a rollout
 // runtime with 1 / 32 / 128 adapters loaded, and trainer optimiser steps/s for small per-job
-// batches (GRPO groups sharing their prompt, as the trainer service runs them, and without),
-// one job at a time vs several jobs in one mixed-adapter pass.
+// batches (GRPO groups sharing their prompt and without; packed and stepped by the trainer
+// service's code, common/rl/batch.h), one job at a time vs several jobs in one mixed-adapter pass.
 //
 //   build/bin/marlaas-bench-tenancy rollout --model DIR [--quick]
 //   build/bin/marlaas-bench-tenancy memory  --model DIR | --shape NAME
@@ -26,6 +26,7 @@
 
 #include "bench/bench_util.h"
 #include "common/engine/optim.h"
+#include "common/rl/batch.h"
 #include "common/rl/dp.h"
 #include "common/rl/rl.h"
 #include "common/tasks/tasks.h"
@@ -208,85 +209,73 @@ static int cmd_memory(const char *model, const char *shape) {
 
 // --- trainer ------------------------------------------------------------------------------------
 // K jobs, each a GRPO step of B prompts x G samples (prompt of a real task, completion = the
-// task's answer + EOS, as a learned policy writes), RL loss, AdamW on its own adapter.
-typedef struct {
-    engine_train_seq_t *seqs;
-    int n;
-    int32_t **tok;
-    float **w, **old;
-} tbatch_t;
+// task's answer + EOS, as a learned policy writes), packed and trained by the trainer service's
+// code (common/rl/batch.h: rl_batch_add_job, rl_train_step: RL loss, AdamW on each job's adapter).
 
-// shared: as the trainer service builds a group (services/trainer/jobs.c): one sequence of the
-// prompt less its last token, computed once, and G samples that attend to it.
-static void batch_push(tbatch_t *b, const int32_t *tok, int len, const float *w, int prefix_of, int prefix_len,
-                       int slot, float adv) {
-    int k = b->n++;
-    b->seqs = xrealloc(b->seqs, sizeof *b->seqs * (size_t)b->n);
-    b->tok = xrealloc(b->tok, sizeof *b->tok * (size_t)b->n);
-    b->w = xrealloc(b->w, sizeof *b->w * (size_t)b->n);
-    b->old = xrealloc(b->old, sizeof *b->old * (size_t)b->n);
-    b->tok[k] = xmalloc(sizeof(int32_t) * (size_t)len);
-    memcpy(b->tok[k], tok, sizeof(int32_t) * (size_t)len);
-    b->w[k] = xcalloc((size_t)len, sizeof(float));
-    if (w) memcpy(b->w[k], w, sizeof(float) * (size_t)len);
-    b->old[k] = xcalloc((size_t)len, sizeof(float));
-    b->seqs[k] = (engine_train_seq_t){.tokens = b->tok[k], .len = len, .slot = slot, .weight = b->w[k],
-                                      .old_logp = b->old[k], .advantage = adv, .prefix_of = prefix_of,
-                                      .prefix_len = prefix_len};
-}
+enum { MAXJ = 32, B = 4, G = 8 };
 
-static void batch_add(tbatch_t *b, const rl_runtime_t *rt, int job, int item, int G, uint64_t seed, int shared) {
-    task_example_t ex;
-    task_example(task_at(job % task_count()), TASK_TRAIN, seed, &ex);
-    int32_t *p = NULL, *a = NULL;
+// Job j's B groups, item i's: G samples of the answer with rewards -c, +c, -c, ... (c = 0.5, 1
+// or 1.5 by item), so that the advantages (without std normalisation) are the rewards themselves.
+static void add_job(rl_batch_t *b, const rl_runtime_t *rt, int job, int shared) {
     char err[ERR_LEN];
-    int np = tokenizer_encode(rt->tok, ex.prompt, strlen(ex.prompt), &p, err);
-    int na = tokenizer_encode(rt->tok, ex.answer, strlen(ex.answer), &a, err);
-    task_example_free(&ex);
-    if (np < 2 || na < 0) die("tokenizer", err);
-    int len = np + na + 1, prefix_of = 0, prefix_len = 0;
-    int32_t *seq = xmalloc(sizeof(int32_t) * (size_t)len);
-    float *w = xcalloc((size_t)len, sizeof(float));
-    memcpy(seq, p, sizeof(int32_t) * (size_t)np);
-    memcpy(seq + np, a, sizeof(int32_t) * (size_t)na);
-    seq[len - 1] = rt->eos;
-    for (int t = np; t < len; t++) w[t] = 1.0f;
-    if (shared) {
-        batch_push(b, seq, np - 1, NULL, 0, 0, job, 0.0f);
-        prefix_of = b->n, prefix_len = np - 1;
+    rl_group_t groups[B];
+    rl_sample_t *samples = xcalloc((size_t)(B * G), sizeof *samples);
+    int32_t *prompts[B], *answers[B];
+    for (int i = 0; i < B; i++) {
+        task_example_t ex;
+        task_example(task_at(job % task_count()), TASK_TRAIN, (uint64_t)(job * 1000 + i), &ex);
+        int32_t *p = NULL, *a = NULL;
+        int np = tokenizer_encode(rt->tok, ex.prompt, strlen(ex.prompt), &p, err);
+        int na = tokenizer_encode(rt->tok, ex.answer, strlen(ex.answer), &a, err);
+        task_example_free(&ex);
+        if (np < 2 || na < 0) die("tokenizer", err);
+        answers[i] = xrealloc(a, sizeof(int32_t) * (size_t)(na + 1));
+        answers[i][na] = rt->eos;
+        prompts[i] = p;
+        for (int g = 0; g < G; g++)
+            samples[i * G + g] = (rl_sample_t){.tokens = answers[i], .n = na + 1,
+                                               .reward = (g % 2 ? 1.0f : -1.0f) * (1 + i % 3) / 2.0f};
+        groups[i] = (rl_group_t){.prompt = p, .n_prompt = np, .samples = samples + i * G, .n_samples = G};
     }
-    for (int g = 0; g < G; g++)
-        batch_push(b, seq, len, w, prefix_of, prefix_len, job, (g % 2 ? 1.0f : -1.0f) * (1 + item % 3) / 2.0f);
-    free(seq), free(w), free(p), free(a);
+    rl_job_cfg_t c = {.slot = job, .share_prompt = shared};
+    if (rl_batch_add_job(b, &c, groups, B, err) < 0) die("batch", err);
+    for (int i = 0; i < B; i++) free(prompts[i]), free(answers[i]);
+    free(samples);
 }
 
-static void batch_free(tbatch_t *b) {
-    for (int i = 0; i < b->n; i++) free(b->tok[i]), free(b->w[i]), free(b->old[i]);
-    free(b->seqs), free(b->tok), free(b->w), free(b->old);
-    memset(b, 0, sizeof *b);
+// Behaviour log-probs = the current policy's (ratios near 1, as on-policy), written into the
+// batch's sequences (shared prompts have none: their log-probs go to scratch).
+static void on_policy_logprobs(rl_runtime_t *rt, rl_batch_t *b) {
+    char err[ERR_LEN];
+    float **lp = xmalloc(sizeof(float *) * (size_t)b->n);
+    void **scratch = xcalloc((size_t)b->n, sizeof(void *));
+    for (int k = 0; k < b->n; k++)
+        if (!(lp[k] = rl_batch_old_logp(b, k))) lp[k] = scratch[k] = xcalloc((size_t)b->seqs[k].len, sizeof(float));
+    if (engine_logprobs(rt->engine, b->seqs, b->n, 1.0f, lp, NULL, err)) die("logprobs", err);
+    for (int k = 0; k < b->n; k++) free(scratch[k]);
+    free(scratch), free(lp);
 }
 
 // One optimiser step of each of K jobs, either one training pass per job or one mixed-adapter
 // pass over all K (the trainer service's way when several jobs are ready at once).
-static double trainer_rate(rl_runtime_t *rt, tbatch_t *per_job, tbatch_t *all, int K, int mixed, float **grads,
+static double trainer_rate(rl_runtime_t *rt, rl_batch_t *per_job, rl_batch_t *all, int K, int mixed, float **grads,
                            optim_t **opt) {
     char err[ERR_LEN];
     loss_cfg_t lc = {.kind = LOSS_RL, .temperature = 1.0f, .clip_low = 0.2f, .clip_high = 0.2f};
+    rl_step_job_t sj[MAXJ];
     double t = 0;
     long steps = 0;
     for (int round = 0; t < min_seconds; round++) {
         double t0 = util_now();
-        for (int j = 0; j < K; j++) memset(grads[j], 0, sizeof(float) * lora_pool_get(rt->pool, j)->n_params);
+        for (int j = 0; j < K; j++) sj[j] = (rl_step_job_t){.opt = opt[j], .grad = grads[j]};
         if (mixed) {
-            int n = 0;
-            while (n < all->n && all->seqs[n].slot < K) n++;
-            if (engine_train(rt->engine, all->seqs, n, &lc, NULL, grads, NULL, 0, err)) die("train", err);
+            if (rl_train_step(NULL, rt->engine, all, 0, K, &lc, sj, err)) die("train", err);
         } else {
             for (int j = 0; j < K; j++)
-                if (engine_train(rt->engine, per_job[j].seqs, per_job[j].n, &lc, NULL, grads, NULL, 0, err))
-                    die("train", err);
+                if (rl_train_step(NULL, rt->engine, &per_job[j], 0, 1, &lc, &sj[j], err)) die("train", err);
         }
-        for (int j = 0; j < K; j++) optim_step(opt[j], lora_pool_get(rt->pool, j)->params, grads[j]);
+        for (int j = 0; j < K; j++)
+            if (sj[j].failed) die("train", sj[j].error);
         if (round == 0) continue;
         t += util_now() - t0;
         steps += K;
@@ -295,11 +284,10 @@ static double trainer_rate(rl_runtime_t *rt, tbatch_t *per_job, tbatch_t *all, i
 }
 
 // The trainer benchmarks' workload: MAXJ jobs on their own adapters, each a GRPO step of B prompts
-// x G samples, with shared prompts and without, and all jobs' shared batches in one array.
-enum { MAXJ = 32, B = 4, G = 8 };
+// x G samples, with shared prompts and without, and all jobs' shared batches in one batch.
 typedef struct {
     rl_runtime_t *rt;
-    tbatch_t shared[MAXJ], plain[MAXJ], all;
+    rl_batch_t shared[MAXJ], plain[MAXJ], all;
     float *grads[MAXJ];
     optim_t *opt[MAXJ];
     double tokens[MAXJ], flops[MAXJ];
@@ -316,19 +304,14 @@ static void twork_open(twork_t *w, const char *model) {
     optim_cfg_t oc = optim_defaults();
     oc.lr = 1e-6f;   // the parameters barely move: every measured step sees the same work
     for (int j = 0; j < MAXJ; j++) {
-        for (int i = 0; i < B; i++) {
-            uint64_t seed = (uint64_t)(j * 1000 + i);
-            batch_add(&w->shared[j], rt, j, i, G, seed, 1);
-            batch_add(&w->plain[j], rt, j, i, G, seed, 0);
-            batch_add(&w->all, rt, j, i, G, seed, 1);
-        }
+        add_job(&w->shared[j], rt, j, 1);
+        add_job(&w->plain[j], rt, j, 0);
+        add_job(&w->all, rt, j, 1);
         size_t np = lora_pool_get(rt->pool, j)->n_params;
         w->grads[j] = xcalloc(np, sizeof(float));
         w->opt[j] = optim_new(&oc, kernels_cpu(), np);
-        // behaviour log-probs = the current policy's (ratios near 1, as on-policy)
-        if (engine_logprobs(rt->engine, w->plain[j].seqs, w->plain[j].n, 1.0f, w->plain[j].old, NULL, err) ||
-            engine_logprobs(rt->engine, w->shared[j].seqs, w->shared[j].n, 1.0f, w->shared[j].old, NULL, err))
-            die("logprobs", err);
+        on_policy_logprobs(rt, &w->plain[j]);
+        on_policy_logprobs(rt, &w->shared[j]);
         // workload of one step: the tokens of its samples (prompt + completion each), and the
         // FLOPs of the forward plus the backward's input gradients (the same GEMMs again; LoRA's
         // own gradients not counted) over those tokens without sharing
@@ -338,16 +321,18 @@ static void twork_open(twork_t *w, const char *model) {
             w->flops[j] += 2.0 * engine_forward_flops(rt->model, len, len, len / 2.0);
         }
     }
-    for (int k = 0, j = -1, q = 0; k < w->all.n; k++) {
-        if (w->all.seqs[k].slot != j) j = w->all.seqs[k].slot, q = 0;
-        memcpy(w->all.old[k], w->shared[j].old[q++], sizeof(float) * (size_t)w->all.seqs[k].len);
-    }
+    // the mixed batch: the jobs' shared batches one after the other, their log-probs too
+    for (int j = 0; j < MAXJ; j++)
+        for (int q = 0; q < w->shared[j].n; q++) {
+            float *dst = rl_batch_old_logp(&w->all, w->all.jobs[j].first + q);
+            if (dst) memcpy(dst, rl_batch_old_logp(&w->shared[j], q), sizeof(float) * (size_t)w->shared[j].seqs[q].len);
+        }
 }
 
 static void twork_close(twork_t *w) {
     for (int j = 0; j < MAXJ; j++)
-        batch_free(&w->shared[j]), batch_free(&w->plain[j]), free(w->grads[j]), optim_destroy(&w->opt[j]);
-    batch_free(&w->all);
+        rl_batch_free(&w->shared[j]), rl_batch_free(&w->plain[j]), free(w->grads[j]), optim_destroy(&w->opt[j]);
+    rl_batch_free(&w->all);
     rl_runtime_close(&w->rt);
 }
 
@@ -431,12 +416,10 @@ static int cmd_dp(const char *model, int ranks, int quick) {
         if (dp_load(d, j, w.opt[j], err)) die("dp_load", err);
     printf("jobs,ranks,threads_per_rank,steps_per_s,tokens_per_s,gflops\n");
     loss_cfg_t lc = {.kind = LOSS_RL, .temperature = 1.0f, .clip_low = 0.2f, .clip_high = 0.2f};
-    int slots[MAXJ];
-    for (int j = 0; j < MAXJ; j++) slots[j] = j;
+    rl_step_job_t sj[MAXJ];
     int ks[] = {8, 32};
     for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
-        int K = ks[ki], n = 0;
-        while (n < w.all.n && w.all.seqs[n].slot < K) n++;
+        int K = ks[ki];
         double tok, fl;
         twork_means(&w, K, &tok, &fl);
         for (int split = 0; split < 2; split++) {
@@ -449,9 +432,10 @@ static int cmd_dp(const char *model, int ranks, int quick) {
             long steps = 0;
             for (int round = 0; t < min_seconds * (quick ? 1 : 2); round++) {
                 double t0 = util_now();
-                if (dp_pass(split ? d : NULL, rt->engine, w.all.seqs, n, &lc, w.grads, slots, K, NULL, 0, err))
-                    die("dp_pass", err);
-                for (int j = 0; j < K; j++) optim_step(w.opt[j], lora_pool_get(rt->pool, j)->params, w.grads[j]);
+                for (int j = 0; j < K; j++) sj[j] = (rl_step_job_t){.opt = w.opt[j], .grad = w.grads[j]};
+                if (rl_train_step(split ? d : NULL, rt->engine, &w.all, 0, K, &lc, sj, err)) die("rl_train_step", err);
+                for (int j = 0; j < K; j++)
+                    if (sj[j].failed) die("rl_train_step", sj[j].error);
                 if (round == 0) continue;
                 t += util_now() - t0;
                 steps += K;

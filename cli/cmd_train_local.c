@@ -1,8 +1,8 @@
 // cmd_train_local.c - `marlaas train-local`: single-process synchronous GRPO on one job, using
 // the engine directly. Each step: B prompts from the task's train split, G samples each
 // (prefilled once, forked), verify, group-relative advantages, one RL optimiser step on the
-// job's LoRA adapter; a greedy eval every K steps. It is the quality reference the services
-// must match.
+// job's LoRA adapter (common/rl/batch.h: the trainer service's step); a greedy eval every K
+// steps. It is the quality reference the services must match.
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,6 +11,7 @@
 
 #include "cli/cli.h"
 #include "common/engine/optim.h"
+#include "common/rl/batch.h"
 #include "common/rl/rl.h"
 
 typedef struct {
@@ -123,12 +124,6 @@ static int parse(int argc, char **argv, opts_t *o) {
     return 0;
 }
 
-typedef struct {
-    int32_t *tok;
-    float *w, *old, *ref;
-    int len;
-} seqbuf_t;
-
 int cmd_train_local(int argc, char **argv) {
     opts_t o;
     if (parse(argc, argv, &o)) return 2;
@@ -183,11 +178,10 @@ int cmd_train_local(int argc, char **argv) {
     oc.lr = (float)o.lr;
     optim_t *opt = optim_new(&oc, kernels_cpu(), ad->n_params);
     float *grad = kernels_cpu()->alloc(sizeof(float) * ad->n_params);
-    float *grads[1] = {grad};
     int B = (int)o.prompts, G = (int)o.group, NS = B * G;
-    seqbuf_t *sb = xcalloc((size_t)NS, sizeof *sb);
-    engine_train_seq_t *ts = xcalloc((size_t)NS, sizeof *ts);
-    float *rewards = xcalloc((size_t)NS, sizeof(float)), *adv = xcalloc((size_t)NS, sizeof(float));
+    rl_batch_t batch = {0};
+    rl_group_t *groups = xcalloc((size_t)B, sizeof *groups);
+    rl_sample_t *samples = xcalloc((size_t)NS, sizeof *samples);
     task_example_t *ex = xcalloc((size_t)B, sizeof *ex);
     int *handle = xcalloc((size_t)B, sizeof(int));
     int32_t **prompt = xcalloc((size_t)B, sizeof *prompt);
@@ -249,82 +243,55 @@ int cmd_train_local(int argc, char **argv) {
         gen_result_t *r;
         while ((r = gen_take(rt->gen))) res[r->user] = r;
         // 2. verify, advantages, training batch (groups with equal rewards carry no signal)
-        int n = 0, gen_tokens = 0, train_tokens = 0, skipped = 0;
-        double rsum = 0;
+        int gen_tokens = 0;
         for (int i = 0; i < B; i++) {
             for (int g = 0; g < G; g++) {
                 const gen_sample_t *s = &res[i]->samples[g];
-                rewards[i * G + g] = rl_source_verify(&src, &ex[i], handle[i], s->text ? s->text : "");
-                rsum += rewards[i * G + g];
+                float reward = rl_source_verify(&src, &ex[i], handle[i], s->text ? s->text : "");
+                samples[i * G + g] = (rl_sample_t){.tokens = s->tokens, .logprobs = s->logprobs, .n = s->n,
+                                                   .reward = reward};
                 gen_tokens += s->n;
             }
-            rl_group_advantages(rewards + i * G, G, !o.no_std, adv + i * G);
-            int signal = 0;
-            for (int g = 0; g < G; g++) signal |= adv[i * G + g] != 0.0f;
-            if (!signal) {
-                skipped++;
-                continue;
-            }
-            for (int g = 0; g < G; g++) {
-                const gen_sample_t *s = &res[i]->samples[g];
-                seqbuf_t *q = &sb[n];
-                q->len = plen[i] + s->n;
-                q->tok = xrealloc(q->tok, sizeof(int32_t) * (size_t)q->len);
-                q->w = xrealloc(q->w, sizeof(float) * (size_t)q->len);
-                q->old = xrealloc(q->old, sizeof(float) * (size_t)q->len);
-                q->ref = xrealloc(q->ref, sizeof(float) * (size_t)q->len);
-                memcpy(q->tok, prompt[i], sizeof(int32_t) * (size_t)plen[i]);
-                memcpy(q->tok + plen[i], s->tokens, sizeof(int32_t) * (size_t)s->n);
-                for (int t = 0; t < q->len; t++) {
-                    q->w[t] = t >= plen[i] ? 1.0f : 0.0f;
-                    q->old[t] = t >= plen[i] ? s->logprobs[t - plen[i]] : 0.0f;
-                }
-                ts[n] = (engine_train_seq_t){.tokens = q->tok, .len = q->len, .slot = 0, .weight = q->w,
-                                             .old_logp = q->old, .advantage = adv[i * G + g],
-                                             .ref_logp = o.kl > 0 ? q->ref : NULL};
-                train_tokens += q->len;
-                n++;
-            }
+            groups[i] = (rl_group_t){.prompt = prompt[i], .n_prompt = plen[i], .samples = samples + i * G,
+                                     .n_samples = G};
         }
+        rl_batch_reset(&batch);
+        rl_job_cfg_t jc = {.slot = 0, .std_norm = !o.no_std, .skip_flat = true};
+        int added = rl_batch_add_job(&batch, &jc, groups, B, err);
         for (int i = 0; i < B; i++) gen_result_free(&res[i]);
-        // 3. one optimiser step
-        loss_stats_t st[2] = {0};
+        if (added < 0) {
+            fprintf(stderr, "marlaas train-local: step %ld: %s\n", step + 1, err);
+            goto done;
+        }
+        const rl_batch_job_t *bj = &batch.jobs[0];
+        // 3. one optimiser step (none when no group carries a signal)
+        loss_stats_t st = {0};
         double gnorm = 0;
         double t1 = util_now();
-        if (n > 0) {
-            if (o.kl > 0) {
-                float **refp = xmalloc(sizeof(float *) * (size_t)n);
-                for (int i = 0; i < n; i++) refp[i] = sb[i].ref;
-                engine_train_seq_t *base = xmalloc(sizeof *base * (size_t)n);
-                for (int i = 0; i < n; i++) base[i] = ts[i], base[i].slot = -1;
-                int e = engine_logprobs(rt->engine, base, n, (float)o.temperature, refp, NULL, err);
-                free(refp), free(base);
-                if (e) {
-                    fprintf(stderr, "marlaas train-local: reference log-probs: %s\n", err);
-                    goto done;
-                }
-            }
-            kernels_cpu()->zero(grad, sizeof(float) * ad->n_params);
-            if (engine_train(rt->engine, ts, n, &lc, NULL, grads, st, (int)(sizeof st / sizeof st[0]), err)) {
-                fprintf(stderr, "marlaas train-local: step %ld: %s\n", step, err);
+        if (bj->n_seqs > 0) {
+            rl_step_job_t sj = {.opt = opt, .grad = grad};
+            if (rl_train_step(NULL, rt->engine, &batch, 0, 1, &lc, &sj, err)) {
+                fprintf(stderr, "marlaas train-local: step %ld: %s\n", step + 1, err);
                 goto done;
             }
-            gnorm = optim_step(opt, ad->params, grad);
-            if (!isfinite(gnorm) || !isfinite(st[1].loss)) {
-                fprintf(stderr, "marlaas train-local: step %ld: loss or gradient not finite; lower --lr\n", step);
+            if (sj.failed) {
+                fprintf(stderr, "marlaas train-local: step %ld: %s; lower --lr\n", step + 1, sj.error);
                 goto done;
             }
+            st = sj.loss;
+            gnorm = sj.grad_norm;
         }
+        int skipped = bj->skipped, train_tokens = (int)bj->tokens;
         double t_train = util_now() - t1, dt = util_now() - t0;
-        double rmean = rsum / NS;
+        double rmean = bj->reward_sum / NS;
         fprintf(stderr, "step %4ld  reward %.3f  kl %.4f  clip %.3f  entropy %.3f  ratio %.4f  |g| %.3f  groups %d/%d  "
                 "gen %.0f tok/s  train %.0f tok/s  %.2fs\n",
-                step + 1, rmean, st[1].kl, st[1].clip_frac, st[1].entropy, st[1].ratio_mean, gnorm, B - skipped, B,
+                step + 1, rmean, st.kl, st.clip_frac, st.entropy, st.ratio_mean, gnorm, B - skipped, B,
                 gen_tokens / t_gen, train_tokens / (t_train > 0 ? t_train : 1), dt);
         if (mf)
             fprintf(mf, "{\"step\":%ld,\"reward\":%.4f,\"kl\":%.5f,\"clip_frac\":%.4f,\"entropy\":%.4f,\"ratio\":%.5f,"
                         "\"grad_norm\":%.4f,\"groups_used\":%d,\"gen_tokens\":%d,\"train_tokens\":%d,\"seconds\":%.3f}\n",
-                    step + 1, rmean, st[1].kl, st[1].clip_frac, st[1].entropy, st[1].ratio_mean, gnorm, B - skipped,
+                    step + 1, rmean, st.kl, st.clip_frac, st.entropy, st.ratio_mean, gnorm, B - skipped,
                     gen_tokens, train_tokens, dt);
     }
     if (lora_save(ad, o.out, err)) {
@@ -340,9 +307,9 @@ int cmd_train_local(int argc, char **argv) {
     printf("%s %.4f %.4f %ld %.1f\n", src.name, acc0, acc_last, o.steps, util_now() - t_start);
     rc = 0;
 done:
-    for (int i = 0; i < NS; i++) free(sb[i].tok), free(sb[i].w), free(sb[i].old), free(sb[i].ref);
     for (int i = 0; i < B; i++) task_example_free(&ex[i]), free(prompt[i]), gen_result_free(&res[i]);
-    free(sb), free(ts), free(rewards), free(adv), free(ex), free(handle), free(prompt), free(plen), free(res);
+    rl_batch_free(&batch);
+    free(groups), free(samples), free(ex), free(handle), free(prompt), free(plen), free(res);
     kernels_cpu()->free(grad);
     optim_destroy(&opt);
     if (mf) fclose(mf);

@@ -1,4 +1,4 @@
-// jobs.c - per-job buffers, staleness filter, mixed-adapter RL steps, publication of adapter
+// jobs.c - per-job buffers, staleness filter, mixed-adapter RL steps (common/rl/batch.h), publication of adapter
 // versions, optimizer checkpoints and step metrics.
 #include "services/trainer/jobs.h"
 
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/rl/rl.h"
+#include "common/rl/batch.h"
 #include "common/util/log.h"
 
 #define SEEN_TASKS 4096
@@ -44,6 +44,7 @@ struct tjobs {
     store_t *st;
     tjobs_cfg_t cfg;
     tjob_t **jobs;               // (max_jobs) indexed by slot; NULL = free
+    tjob_t **ready;              // (max_jobs) the jobs a step trains
     double busy;
     char broken[ERR_LEN];        // the data-parallel group failed (tjobs_broken)
 };
@@ -98,6 +99,7 @@ tjobs_t *tjobs_new(engine_t *e, store_t *st, const tjobs_cfg_t *cfg, char *err) 
     if (t->cfg.keep_versions < 2) t->cfg.keep_versions = 2;
     if (t->cfg.optim_every < 1) t->cfg.optim_every = 1;
     t->jobs = xcalloc((size_t)cfg->max_jobs, sizeof(tjob_t *));
+    t->ready = xcalloc((size_t)cfg->max_jobs, sizeof(tjob_t *));
     return t;
 }
 
@@ -106,6 +108,7 @@ void tjobs_destroy(tjobs_t **pt) {
     tjobs_t *t = *pt;
     for (int i = 0; i < t->cfg.max_jobs; i++) job_free(t, &t->jobs[i]);
     free(t->jobs);
+    free(t->ready);
     free(t);
     *pt = NULL;
 }
@@ -333,16 +336,83 @@ static void fail_job(tjobs_t *t, tjob_t *j, const char *why, tjobs_result_t *r) 
     job_free(t, &t->jobs[j->slot]);
 }
 
-// 1 when the group's samples share its prompt as a prefix sequence (a prompt of one token has
-// nothing to share: its only token must be a row of each sample).
-static int share_prompt(const tjobs_t *t, const tgroup_t *g) {
-    return t->cfg.shared_prefix && g->n_prompt >= 2 && g->n_samples > 0;
+// Packs the `prompts` oldest groups of a ready job into the batch as one job.
+static int pack(const tjobs_t *t, const tjob_t *j, rl_batch_t *b, char *err) {
+    int n_groups = j->spec.prompts, n_samples = 0;
+    for (int g = 0; g < n_groups; g++) n_samples += (int)j->buf[g].n_samples;
+    rl_group_t *groups = xcalloc((size_t)n_groups, sizeof *groups);
+    rl_sample_t *samples = xcalloc((size_t)(n_samples ? n_samples : 1), sizeof *samples), *sm = samples;
+    for (int g = 0; g < n_groups; g++) {
+        const tgroup_t *gr = &j->buf[g];
+        groups[g] = (rl_group_t){.prompt = gr->prompt, .n_prompt = (int)gr->n_prompt, .samples = sm,
+                                 .n_samples = (int)gr->n_samples, .version = gr->version,
+                                 .gen_seconds = gr->gen_seconds};
+        for (uint32_t s = 0; s < gr->n_samples; s++, sm++) {
+            const proto_sample_t *ps = &gr->samples[s];
+            *sm = (rl_sample_t){.tokens = ps->tokens, .logprobs = ps->logprobs, .env = ps->env, .n = (int)ps->n,
+                                .reward = ps->reward, .turns = (int)ps->turns};
+        }
+    }
+    rl_job_cfg_t c = {.slot = j->slot, .version = j->version, .std_norm = j->spec.std_norm,
+                      .share_prompt = t->cfg.shared_prefix};
+    int rc = rl_batch_add_job(b, &c, groups, n_groups, err) < 0 ? -1 : 0;
+    free(groups), free(samples);
+    return rc;
+}
+
+// Publishes a trained job's step: metrics, the new version, the log line; the consumed groups
+// leave the buffer.
+static void finish(tjobs_t *t, tjob_t *j, const rl_batch_job_t *bj, const rl_step_job_t *sj, tjobs_result_t *out) {
+    const loss_stats_t *ls = &sj->loss;
+    char err[ERR_LEN];
+    // mismatch is measured on on-policy groups only; absent when the step had none
+    char v[20][40];
+    const char *mf[STEP_METRICS] = {"step", "reward", "kl", "clip_frac", "entropy", "ratio", "staleness", "tokens",
+                                    "train_s", "gen_s", "groups", "dropped", "grad_norm", "time", "turns", "env_tokens",
+                                    "mismatch"};
+    snprintf(v[0], 40, "%u", j->step + 1);
+    snprintf(v[1], 40, "%.5f", bj->reward_sum / bj->samples);
+    snprintf(v[2], 40, "%.6f", ls->kl);
+    snprintf(v[3], 40, "%.5f", ls->clip_frac);
+    snprintf(v[4], 40, "%.5f", ls->entropy);
+    snprintf(v[5], 40, "%.6f", ls->ratio_mean);
+    snprintf(v[6], 40, "%.3f", bj->staleness_sum / j->spec.prompts);
+    snprintf(v[7], 40, "%.0f", bj->tokens);
+    snprintf(v[8], 40, "%.4f", sj->seconds);
+    snprintf(v[9], 40, "%.4f", bj->gen_seconds);
+    snprintf(v[10], 40, "%d", j->spec.prompts);
+    snprintf(v[11], 40, "%u", j->dropped);
+    snprintf(v[12], 40, "%.4f", sj->grad_norm);
+    snprintf(v[13], 40, "%.3f", (double)time(NULL));
+    snprintf(v[14], 40, "%.3f", bj->turns / bj->samples);
+    snprintf(v[15], 40, "%.0f", bj->env_tokens);
+    snprintf(v[16], 40, "%.3g", ls->mismatch);
+    int nm = ls->mismatch_tokens > 0 ? 17 : 16;
+    const char *mv[20];
+    for (int q = 0; q < 17; q++) mv[q] = v[q];
+    if (publish(t, j, mf, mv, nm, err)) {
+        logj_error(j->id, "step %u not published (%s); the step is retried with the next data", j->step + 1, err);
+        return;
+    }
+    out->step = j->step;
+    out->version = j->version;
+    out->consumed = (uint32_t)j->spec.prompts;
+    out->dropped = j->dropped;
+    j->dropped = 0;
+    j->last_used = util_now();
+    logj_info(j->id, "step=%u version=%u reward=%.3f kl=%.4f clip=%.3f mismatch=%s staleness=%.2f tokens=%.0f "
+              "train_s=%.3f turns=%s env_tokens=%s",
+              j->step, j->version, bj->reward_sum / bj->samples, ls->kl, ls->clip_frac, nm == 17 ? v[16] : "-",
+              bj->staleness_sum / j->spec.prompts, bj->tokens, sj->seconds, v[14], v[15]);
+    for (int g = 0; g < j->spec.prompts; g++) group_free(&j->buf[g]);
+    memmove(j->buf, j->buf + j->spec.prompts, sizeof(tgroup_t) * (size_t)(j->n_buf - j->spec.prompts));
+    j->n_buf -= j->spec.prompts;
 }
 
 int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
-    int L = t->cfg.max_jobs, n_ready = 0;
-    tjob_t *ready[256];
-    for (int i = 0; i < L && n_ready < 256; i++) {
+    int n_ready = 0, n_out = 0;
+    tjob_t **ready = t->ready;
+    for (int i = 0; i < t->cfg.max_jobs; i++) {
         tjob_t *j = t->jobs[i];
         if (!j) continue;
         drop_stale(j);
@@ -357,177 +427,61 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
     }
     if (!n_ready || t->broken[0]) return 0;
     double t0 = util_now();
-    // Build one mixed batch: for each ready job its B oldest groups, every sample a sequence. With
-    // shared prefixes a group also gets a sequence of its prompt less the last token, computed once
-    // and attended to by its samples, which hold only the prompt's last token and the completion
-    // as rows of their own (the last prompt token's row predicts the first completion token).
-    int n_seq = 0;
-    for (int r = 0; r < n_ready; r++)
-        for (int g = 0; g < ready[r]->spec.prompts; g++)
-            n_seq += (int)ready[r]->buf[g].n_samples + share_prompt(t, &ready[r]->buf[g]);
-    engine_train_seq_t *seqs = xcalloc((size_t)n_seq, sizeof *seqs);
-    int32_t **tok = xcalloc((size_t)n_seq, sizeof *tok);
-    float **w = xcalloc((size_t)n_seq, sizeof *w), **old = xcalloc((size_t)n_seq, sizeof *old);
-    double *rew_sum = xcalloc((size_t)n_ready, sizeof(double)), *stale_sum = xcalloc((size_t)n_ready, sizeof(double));
-    double *tokens = xcalloc((size_t)n_ready, sizeof(double)), *gen_s = xcalloc((size_t)n_ready, sizeof(double));
-    int *nsamp = xcalloc((size_t)n_ready, sizeof(int)), *nseq = xcalloc((size_t)n_ready, sizeof(int));
-    double *rows = xcalloc((size_t)n_ready, sizeof(double));   // rows the pass computes for the job
-    double *turns = xcalloc((size_t)n_ready, sizeof(double)), *env_tok = xcalloc((size_t)n_ready, sizeof(double));
-    float *grads_by_slot[256] = {0};
+    // One mixed batch: for each ready job its B oldest groups (common/rl/batch.h); a job whose
+    // groups cannot be packed fails alone.
+    rl_batch_t b = {0};
+    char err[ERR_LEN];
     int k = 0;
     for (int r = 0; r < n_ready; r++) {
-        tjob_t *j = ready[r];
-        grads_by_slot[j->slot] = j->grad;
-        for (int g = 0; g < j->spec.prompts; g++) {
-            tgroup_t *gr = &j->buf[g];
-            float rw[PROTO_MAX_SAMPLES], adv[PROTO_MAX_SAMPLES];
-            for (uint32_t s = 0; s < gr->n_samples; s++) rw[s] = gr->samples[s].reward, rew_sum[r] += rw[s];
-            rl_group_advantages(rw, (int)gr->n_samples, j->spec.std_norm, adv);
-            stale_sum[r] += j->version - gr->version;
-            gen_s[r] += gr->gen_seconds;
-            // prefix_of holds the index in seqs for now; made relative to each pass below
-            int prefix_of = 0, prefix_len = 0;
-            if (share_prompt(t, gr)) {
-                prefix_len = (int)gr->n_prompt - 1;
-                tok[k] = xmalloc(sizeof(int32_t) * (size_t)prefix_len);
-                memcpy(tok[k], gr->prompt, sizeof(int32_t) * (size_t)prefix_len);
-                seqs[k] = (engine_train_seq_t){.tokens = tok[k], .len = prefix_len, .slot = j->slot};
-                prefix_of = k + 1;
-                rows[r] += prefix_len;
-                nseq[r]++;
-                k++;
-            }
-            for (uint32_t s = 0; s < gr->n_samples; s++, k++) {
-                const proto_sample_t *ps = &gr->samples[s];
-                int len = (int)(gr->n_prompt + ps->n);
-                tok[k] = xmalloc(sizeof(int32_t) * (size_t)len);
-                w[k] = xcalloc((size_t)len, sizeof(float));
-                old[k] = xcalloc((size_t)len, sizeof(float));
-                memcpy(tok[k], gr->prompt, sizeof(int32_t) * gr->n_prompt);
-                memcpy(tok[k] + gr->n_prompt, ps->tokens, sizeof(int32_t) * ps->n);
-                // only the model's tokens carry loss: observations of a multi-turn episode do not
-                for (uint32_t q = 0; q < ps->n; q++) {
-                    w[k][gr->n_prompt + q] = ps->env && ps->env[q] ? 0.0f : 1.0f;
-                    old[k][gr->n_prompt + q] = ps->logprobs[q];
-                    env_tok[r] += ps->env && ps->env[q];
-                }
-                turns[r] += ps->turns ? ps->turns : 1;
-                seqs[k] = (engine_train_seq_t){.tokens = tok[k], .len = len, .slot = j->slot, .weight = w[k],
-                                               .old_logp = old[k], .advantage = adv[s],
-                                               .on_policy = gr->version == j->version, .prefix_of = prefix_of,
-                                               .prefix_len = prefix_len};
-                tokens[r] += len;
-                rows[r] += len - prefix_len;
-                nsamp[r]++;
-                nseq[r]++;
-            }
+        if (pack(t, ready[r], &b, err)) {
+            tjobs_result_t *out = &res[n_out++];
+            memset(out, 0, sizeof *out);
+            snprintf(out->job, sizeof out->job, "%s", ready[r]->id);
+            fail_job(t, ready[r], err, out);
+        } else {
+            ready[k++] = ready[r];
         }
     }
+    n_ready = k;
+    rl_step_job_t *sj = xcalloc((size_t)(n_ready ? n_ready : 1), sizeof *sj);
+    for (int r = 0; r < n_ready; r++) sj[r].opt = ready[r]->opt, sj[r].grad = ready[r]->grad;
     // Jobs may differ in temperature / clipping: one pass per distinct loss setting would be
     // exact; the loss settings of the first ready job apply to a shared pass only when all
     // agree, otherwise each job gets its own pass.
-    int n_out = 0;
-    char err[ERR_LEN];
     for (int r0 = 0; r0 < n_ready;) {
         int r1 = r0 + 1;
         const jobspec_t *s0 = &ready[r0]->spec;
-        double in_pass = rows[r0];
+        double in_pass = b.jobs[r0].rows;
         while (r1 < n_ready && ready[r1]->spec.temperature == s0->temperature &&
                ready[r1]->spec.clip_low == s0->clip_low && ready[r1]->spec.clip_high == s0->clip_high &&
-               ready[r1]->spec.kl == 0 && s0->kl == 0 && in_pass + rows[r1] <= t->cfg.pass_rows)
-            in_pass += rows[r1++];
-        int first = 0, count = 0;
-        for (int r = 0; r < r0; r++) first += nseq[r];
-        for (int r = r0; r < r1; r++) count += nseq[r];
-        // a group's sequences are in one job, so in one pass: index relative to the pass
-        for (int i = first; i < first + count; i++)
-            if (seqs[i].prefix_of) seqs[i].prefix_of -= first;
+               ready[r1]->spec.kl == 0 && s0->kl == 0 && in_pass + b.jobs[r1].rows <= t->cfg.pass_rows)
+            in_pass += b.jobs[r1++].rows;
         loss_cfg_t lc = {.kind = LOSS_RL, .temperature = s0->temperature, .clip_low = s0->clip_low,
                          .clip_high = s0->clip_high, .kl_coef = s0->kl};
-        int nst = lora_pool_slots(engine_pool(t->e)) + 1;
-        loss_stats_t *st = xcalloc((size_t)nst, sizeof *st);
-        double tp = util_now();
-        int slots[256];
-        for (int r = r0; r < r1; r++) slots[r - r0] = ready[r]->slot;
-        // the whole pass here, or each data-parallel rank its share and the gradients summed
-        int rc = dp_pass(t->cfg.dp, t->e, seqs + first, count, &lc, grads_by_slot, slots, r1 - r0, st, nst, err);
+        int rc = rl_train_step(t->cfg.dp, t->e, &b, r0, r1, &lc, sj + r0, err);
         if (rc == DP_BROKEN) {
             set_broken(t, err);
-            free(st);
             break;
         }
-        double pass_s = util_now() - tp, pass_tokens = 0;
-        for (int r = r0; r < r1; r++) pass_tokens += tokens[r];
         for (int r = r0; r < r1; r++) {
             tjob_t *j = ready[r];
             tjobs_result_t *out = &res[n_out++];
             memset(out, 0, sizeof *out);
             snprintf(out->job, sizeof out->job, "%s", j->id);
-            const loss_stats_t *ls = &st[j->slot + 1];
             if (rc) {
                 fail_job(t, j, err, out);
-                continue;
-            }
-            lora_t *ad = lora_pool_get(engine_pool(t->e), j->slot);
-            double gn = optim_step(j->opt, ad->params, j->grad);
-            if (!isfinite(gn) || !isfinite(ls->loss) || !t->k->all_finite(ad->n_params, ad->params)) {
+            } else if (sj[r].failed) {
                 char why[ERR_LEN];
-                snprintf(why, sizeof why, "step %u: loss or gradient is not finite (loss %g, gradient norm %g); "
-                         "lower the learning rate (spec.lr)", j->step + 1, ls->loss, gn);
+                snprintf(why, sizeof why, "step %u: %s; lower the learning rate (spec.lr)", j->step + 1, sj[r].error);
                 fail_job(t, j, why, out);
-                continue;
+            } else {
+                finish(t, j, &b.jobs[r], &sj[r], out);
             }
-            double compute = pass_s * tokens[r] / (pass_tokens > 0 ? pass_tokens : 1);
-            // mismatch is measured on on-policy groups only; absent when the step had none
-            char v[20][40];
-            const char *mf[STEP_METRICS] = {"step", "reward", "kl", "clip_frac", "entropy", "ratio", "staleness", "tokens",
-                                  "train_s", "gen_s", "groups", "dropped", "grad_norm", "time", "turns", "env_tokens",
-                                  "mismatch"};
-            snprintf(v[0], 40, "%u", j->step + 1);
-            snprintf(v[1], 40, "%.5f", rew_sum[r] / nsamp[r]);
-            snprintf(v[2], 40, "%.6f", ls->kl);
-            snprintf(v[3], 40, "%.5f", ls->clip_frac);
-            snprintf(v[4], 40, "%.5f", ls->entropy);
-            snprintf(v[5], 40, "%.6f", ls->ratio_mean);
-            snprintf(v[6], 40, "%.3f", stale_sum[r] / j->spec.prompts);
-            snprintf(v[7], 40, "%.0f", tokens[r]);
-            snprintf(v[8], 40, "%.4f", compute);
-            snprintf(v[9], 40, "%.4f", gen_s[r]);
-            snprintf(v[10], 40, "%d", j->spec.prompts);
-            snprintf(v[11], 40, "%u", j->dropped);
-            snprintf(v[12], 40, "%.4f", gn);
-            snprintf(v[13], 40, "%.3f", (double)time(NULL));
-            snprintf(v[14], 40, "%.3f", turns[r] / nsamp[r]);
-            snprintf(v[15], 40, "%.0f", env_tok[r]);
-            snprintf(v[16], 40, "%.3g", ls->mismatch);
-            int nm = ls->mismatch_tokens > 0 ? 17 : 16;
-            const char *mv[20];
-            for (int q = 0; q < 17; q++) mv[q] = v[q];
-            if (publish(t, j, mf, mv, nm, err)) {
-                logj_error(j->id, "step %u not published (%s); the step is retried with the next data", j->step + 1, err);
-                continue;
-            }
-            out->step = j->step;
-            out->version = j->version;
-            out->consumed = (uint32_t)j->spec.prompts;
-            out->dropped = j->dropped;
-            j->dropped = 0;
-            j->last_used = util_now();
-            logj_info(j->id, "step=%u version=%u reward=%.3f kl=%.4f clip=%.3f mismatch=%s staleness=%.2f tokens=%.0f "
-                      "train_s=%.3f turns=%s env_tokens=%s",
-                      j->step, j->version, rew_sum[r] / nsamp[r], ls->kl, ls->clip_frac, nm == 17 ? v[16] : "-",
-                      stale_sum[r] / j->spec.prompts, tokens[r], compute, v[14], v[15]);
-            // the consumed groups leave the buffer
-            for (int g = 0; g < j->spec.prompts; g++) group_free(&j->buf[g]);
-            memmove(j->buf, j->buf + j->spec.prompts, sizeof(tgroup_t) * (size_t)(j->n_buf - j->spec.prompts));
-            j->n_buf -= j->spec.prompts;
         }
-        free(st);
         r0 = r1;
     }
-    for (int i = 0; i < n_seq; i++) free(tok[i]), free(w[i]), free(old[i]);
-    free(seqs), free(tok), free(w), free(old), free(rew_sum), free(stale_sum), free(tokens), free(gen_s), free(nsamp);
-    free(nseq), free(rows), free(turns), free(env_tok);
+    free(sj);
+    rl_batch_free(&b);
     t->busy += util_now() - t0;
     return n_out;
 }

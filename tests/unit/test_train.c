@@ -1,11 +1,13 @@
 // test_train.c - learning works end to end: a small model overfits a text with cross-entropy
-// and AdamW (full parameters); GRPO with the RL loss on a LoRA adapter raises a toy reward;
+// and AdamW (full parameters); GRPO steps (common/rl/batch.h, the trainer's step) with the RL
+// loss on a LoRA adapter raise a toy reward;
 // generation is reproducible and honours its stop rules.
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
 #include "common/engine/generate.h"
 #include "common/engine/optim.h"
+#include "common/rl/batch.h"
 #include "testutil.h"
 
 Test(train, overfits_fixed_text_with_cross_entropy) {
@@ -62,7 +64,6 @@ Test(train, grpo_raises_toy_reward) {
     lora_t *a = lora_new(&c, &pc, kernels_cpu(), 9, err);
     size_t np = a->n_params;
     cr_assert_eq(lora_pool_set(pool, 0, &a, err), 0, "%s", err);
-    lora_t *ad = lora_pool_get(pool, 0);
     engine_t *e = engine_new(m, pool, err);
     kvcache_t *kc = kvcache_new(c.num_hidden_layers, c.num_key_value_heads * c.head_dim, 8, 256, 64, err);
     gen_t *gn = gen_new(e, kc, NULL, 256, err);
@@ -70,7 +71,7 @@ Test(train, grpo_raises_toy_reward) {
     oc.lr = 2e-2f;
     optim_t *o = optim_new(&oc, kernels_cpu(), np);
     float *grad = calloc(np, sizeof(float));
-    float *grads[1] = {grad};
+    rl_batch_t b = {0};
     enum { G = 8, P = 4, STEPS = 40 };
     double early = 0, late = 0;
     for (int step = 0; step < STEPS; step++) {
@@ -81,39 +82,34 @@ Test(train, grpo_raises_toy_reward) {
         cr_assert_eq(gen_run(gn, err), 0, "%s", err);
         gen_result_t *res = gen_take(gn);
         cr_assert_not_null(res);
-        double rw[G], mean = 0, var = 0;
-        for (int i = 0; i < G; i++) mean += (rw[i] = reward_of(&res->samples[i])) / G;
-        for (int i = 0; i < G; i++) var += (rw[i] - mean) * (rw[i] - mean) / G;
-        if (step < 5) early += mean / 5;
-        if (step >= STEPS - 5) late += mean / 5;
-        int32_t tok[G][P + 6];
-        float w[G][P + 6], old[G][P + 6];
-        engine_train_seq_t ts[G];
+        double mean = 0;
+        rl_sample_t sm[G];
         for (int i = 0; i < G; i++) {
             const gen_sample_t *s = &res->samples[i];
-            memcpy(tok[i], prompt, sizeof prompt);
-            memset(w[i], 0, sizeof w[i]);
-            for (int t = 0; t < s->n; t++) {
-                tok[i][P + t] = s->tokens[t];
-                old[i][P + t] = s->logprobs[t];
-                w[i][P + t] = 1.0f;
-            }
-            ts[i] = (engine_train_seq_t){.tokens = tok[i], .len = P + s->n, .slot = 0, .weight = w[i],
-                                         .old_logp = old[i], .on_policy = true, .advantage = (float)((rw[i] - mean) / (sqrt(var) + 1e-4))};
+            sm[i] = (rl_sample_t){.tokens = s->tokens, .logprobs = s->logprobs, .n = s->n,
+                                  .reward = (float)reward_of(s)};
+            mean += sm[i].reward / G;
         }
+        if (step < 5) early += mean / 5;
+        if (step >= STEPS - 5) late += mean / 5;
+        // the trainer's step: the group packed with its advantages, one pass, one AdamW step
+        rl_group_t gr = {.prompt = prompt, .n_prompt = P, .samples = sm, .n_samples = G, .version = (uint32_t)step};
+        rl_job_cfg_t jc = {.slot = 0, .version = (uint32_t)step, .std_norm = true, .skip_flat = true};
+        rl_batch_reset(&b);
+        cr_assert_eq(rl_batch_add_job(&b, &jc, &gr, 1, err), 0, "%s", err);
         gen_result_free(&res);
-        if (var == 0) continue;
+        if (b.n == 0) continue;   // equal rewards: no signal
         loss_cfg_t lc = {.kind = LOSS_RL, .temperature = 1.0f, .clip_low = 0.2f, .clip_high = 0.28f};
-        memset(grad, 0, sizeof(float) * np);
-        loss_stats_t st[2];
-        cr_assert_eq(engine_train(e, ts, G, &lc, NULL, grads, st, (int)(sizeof st / sizeof st[0]), err), 0, "%s", err);
+        rl_step_job_t sj = {.opt = o, .grad = grad};
+        cr_assert_eq(rl_train_step(NULL, e, &b, 0, 1, &lc, &sj, err), 0, "%s", err);
+        cr_assert(!sj.failed, "%s", sj.error);
         // on-policy: ratio is 1 up to float noise between the rollout and trainer forward
-        cr_assert_float_eq(st[1].ratio_mean, 1.0, 1e-4);
-        cr_assert_gt(st[1].mismatch_tokens, 0);
-        cr_assert_lt(st[1].mismatch, 1e-5, "rollout/trainer log-prob mismatch %g", st[1].mismatch);
-        optim_step(o, ad->params, grad);
+        cr_assert_float_eq(sj.loss.ratio_mean, 1.0, 1e-4);
+        cr_assert_gt(sj.loss.mismatch_tokens, 0);
+        cr_assert_lt(sj.loss.mismatch, 1e-5, "rollout/trainer log-prob mismatch %g", sj.loss.mismatch);
     }
     cr_assert_gt(late, early + 0.25, "mean reward %.3f -> %.3f", early, late);
+    rl_batch_free(&b);
     free(grad);
     optim_destroy(&o);
     gen_destroy(&gn);

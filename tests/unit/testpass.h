@@ -1,5 +1,5 @@
-// testpass.h - a GRPO-like training pass for the data-parallel tests (CPU: tests/unit/test_dp.c,
-// GPU: tests/gpu/test_dp.c) and the comparison of gradients. Include after criterion.h.
+// testpass.h - a GRPO training pass for the data-parallel tests (CPU: tests/unit/test_dp.c, GPU:
+// tests/gpu/test_dp.c) and the comparison of gradients. Include after criterion.h.
 #ifndef MARLAAS_TESTPASS_H
 #define MARLAAS_TESTPASS_H
 
@@ -9,13 +9,16 @@
 
 #include "common/engine/engine.h"
 #include "common/engine/sampler.h"
+#include "common/rl/batch.h"
 
-// A GRPO-like pass: for slots 0 and 2, groups of a shared prompt and 3 samples, plus two sequences
-// without a prefix. Arrays owned by the pass.
+// A GRPO pass packed by rl_batch_add_job: for slots 0 and 2, 3 groups sharing their prompt (5, 3
+// and 3 samples; random tokens, behaviour log-probs and rewards, a fifth of the completion tokens
+// the environment's, every other group drawn with the previous adapter version), then for slot 2
+// a group of 2 samples whose prompt is not shared. The batch owns everything; s and n are its
+// sequences.
 typedef struct {
-    engine_train_seq_t s[64];
-    int32_t *tok[64];
-    float *w[64], *old[64];
+    rl_batch_t b;
+    engine_train_seq_t *s;
     int n;
 } tp_pass_t;
 
@@ -23,51 +26,49 @@ static inline void tp_pass_build(tp_pass_t *p, uint64_t seed, bool bad_token) {
     rng_t r;
     rng_seed(&r, seed);
     memset(p, 0, sizeof *p);
+    char err[ERR_LEN];
+    int32_t prompt[3][8], tok[3][5][8];
+    float lp[3][5][8];
+    uint8_t env[3][5][8];
+    rl_sample_t sm[3][5];
+    rl_group_t gr[3];
     const int slots[2] = {0, 2};
-    for (int si = 0; si < 2; si++)
+    for (int si = 0; si < 2; si++) {
         for (int g = 0; g < 3; g++) {
-            int plen = 3 + (int)(rng_uniform(&r) * 4), root = p->n;
-            int32_t prompt[8];
-            for (int t = 0; t < plen; t++) prompt[t] = 3 + (int)(rng_uniform(&r) * 37);
-            p->tok[p->n] = malloc(sizeof(int32_t) * (size_t)(plen - 1));
-            memcpy(p->tok[p->n], prompt, sizeof(int32_t) * (size_t)(plen - 1));
-            p->s[p->n++] = (engine_train_seq_t){.tokens = p->tok[root], .len = plen - 1, .slot = slots[si]};
-            for (int k = 0; k < 3 + (g == 0 ? 2 : 0); k++) {
-                int len = plen + 2 + (int)(rng_uniform(&r) * 6), i = p->n++;
-                p->tok[i] = malloc(sizeof(int32_t) * (size_t)len);
-                p->w[i] = calloc((size_t)len, sizeof(float));
-                p->old[i] = calloc((size_t)len, sizeof(float));
-                memcpy(p->tok[i], prompt, sizeof(int32_t) * (size_t)plen);
-                for (int t = plen; t < len; t++) {
-                    p->tok[i][t] = 3 + (int)(rng_uniform(&r) * 37);
-                    p->w[i][t] = rng_uniform(&r) < 0.8f ? 1.0f : 0.0f;
-                    p->old[i][t] = -3.0f + rng_uniform(&r);
+            int plen = 3 + (int)(rng_uniform(&r) * 4), G = 3 + (g == 0 ? 2 : 0);
+            for (int t = 0; t < plen; t++) prompt[g][t] = 3 + (int)(rng_uniform(&r) * 37);
+            for (int k = 0; k < G; k++) {
+                int n = 2 + (int)(rng_uniform(&r) * 6);
+                for (int t = 0; t < n; t++) {
+                    tok[g][k][t] = 3 + (int)(rng_uniform(&r) * 37);
+                    env[g][k][t] = rng_uniform(&r) < 0.2f;
+                    lp[g][k][t] = -3.0f + rng_uniform(&r);
                 }
-                p->s[i] = (engine_train_seq_t){.tokens = p->tok[i], .len = len, .slot = slots[si], .weight = p->w[i],
-                                               .old_logp = p->old[i], .advantage = 2.0f * rng_uniform(&r) - 1.0f,
-                                               .on_policy = k % 2 == 0, .prefix_of = root + 1,
-                                               .prefix_len = plen - 1};
+                sm[g][k] = (rl_sample_t){.tokens = tok[g][k], .logprobs = lp[g][k], .env = env[g][k], .n = n,
+                                         .reward = rng_uniform(&r)};
             }
+            gr[g] = (rl_group_t){.prompt = prompt[g], .n_prompt = plen, .samples = sm[g], .n_samples = G,
+                                 .version = (uint32_t)(1 - g % 2)};
         }
-    for (int k = 0; k < 2; k++) {   // without a prefix
-        int len = 6 + k, i = p->n++;
-        p->tok[i] = malloc(sizeof(int32_t) * (size_t)len);
-        p->w[i] = calloc((size_t)len, sizeof(float));
-        p->old[i] = calloc((size_t)len, sizeof(float));
-        for (int t = 0; t < len; t++) {
-            p->tok[i][t] = 3 + (int)(rng_uniform(&r) * 37);
-            p->w[i][t] = t >= 2 ? 1.0f : 0.0f;
-            p->old[i][t] = -3.5f;
-        }
-        p->s[i] = (engine_train_seq_t){.tokens = p->tok[i], .len = len, .slot = k ? 2 : 0, .weight = p->w[i],
-                                       .old_logp = p->old[i], .advantage = k ? 0.7f : -0.4f, .on_policy = true};
+        rl_job_cfg_t c = {.slot = slots[si], .version = 1, .std_norm = true, .share_prompt = true};
+        if (rl_batch_add_job(&p->b, &c, gr, 3, err) < 0) cr_assert_fail("tp_pass_build: %s", err);
     }
-    if (bad_token) p->tok[p->n - 1][3] = 1000;   // outside the vocabulary
+    // without a shared prompt: a prompt of 2 tokens
+    for (int k = 0; k < 2; k++) {
+        int n = 4 + k;
+        for (int t = 0; t < n; t++) tok[0][k][t] = 3 + (int)(rng_uniform(&r) * 37), lp[0][k][t] = -3.5f;
+        sm[0][k] = (rl_sample_t){.tokens = tok[0][k], .logprobs = lp[0][k], .n = n, .reward = k ? 0.9f : 0.2f};
+    }
+    prompt[0][0] = 5, prompt[0][1] = 7;
+    if (bad_token) tok[0][1][1] = 1000;   // outside the vocabulary
+    gr[0] = (rl_group_t){.prompt = prompt[0], .n_prompt = 2, .samples = sm[0], .n_samples = 2, .version = 1};
+    rl_job_cfg_t c = {.slot = 2, .version = 1, .std_norm = true};
+    if (rl_batch_add_job(&p->b, &c, gr, 1, err) < 0) cr_assert_fail("tp_pass_build: %s", err);
+    p->s = p->b.seqs;
+    p->n = p->b.n;
 }
 
-static inline void tp_pass_free(tp_pass_t *p) {
-    for (int i = 0; i < p->n; i++) free(p->tok[i]), free(p->w[i]), free(p->old[i]);
-}
+static inline void tp_pass_free(tp_pass_t *p) { rl_batch_free(&p->b); }
 
 // |a - b| <= tol (|b| + max |b|) element-wise (sums in another order); the reference must not be 0
 static inline void tp_expect_close(const char *what, const float *a, const float *b, size_t n, float tol) {
