@@ -38,7 +38,9 @@ sed '/^#include "kernels\/cuda\/cuda.h"$/a #include "tests/gpu/emu/perturb.h"' "
 grep -q 'perturb.h' "$out/cuda_emu_gpulike.cc" || { echo "tests/gpu/emu/run.sh: could not insert perturb.h" >&2; exit 1; }
 
 inc="-I. -Itests/gpu/emu/include -Itests/gpu/emu"
-libs="build/lib/libmarlaas.a -L/usr/lib/x86_64-linux-gnu/openblas-openmp -Wl,-rpath,/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas -fopenmp -lm -lpthread -lcriterion -lcjson"
+# the libraries the Makefile links (one list: a library the project adds is linked here too)
+ldlibs=$(make -s print-LDLIBS | tail -n 1)
+libs="build/lib/libmarlaas.a $ldlibs -lcriterion"
 cxx="g++ -std=c++17 -g -Wall -Wno-unknown-pragmas"
 cc="gcc -std=c11 -D_GNU_SOURCE -g -Wall -Wextra -Wno-unused-parameter -I."
 san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
@@ -52,11 +54,11 @@ $cxx -O1 -ffp-contract=off -DEMU_STRICT=1 -c tests/gpu/emu/emu_rt.cc -o "$out/em
 $cxx -O1 -ffp-contract=off $inc -c "$out/cuda_emu.cc" -o "$out/cuda_emu.o"
 g++ "$out/test_kernels.o" "$out/cuda_emu.o" "$out/emu_rt.o" $libs -o "$out/tests-exact"
 g++ "$out/test_engine.o" "$out/cuda_emu.o" "$out/emu_rt.o" $libs -o "$out/engine-exact"
-g++ "$out/test_dp.o" "$out/cuda_emu.o" "$out/emu_rt.o" $libs -lczmq -lzmq -lmsgpackc -o "$out/dp-exact"
+g++ "$out/test_dp.o" "$out/cuda_emu.o" "$out/emu_rt.o" $libs -o "$out/dp-exact"
 # -rdynamic: the strict mode's SIGSEGV report names the functions of its backtrace
 g++ -rdynamic "$out/test_kernels.o" "$out/cuda_emu.o" "$out/emu_rt_strict.o" $libs -o "$out/tests-strict"
 g++ -rdynamic "$out/test_engine.o" "$out/cuda_emu.o" "$out/emu_rt_strict.o" $libs -o "$out/engine-strict"
-g++ -rdynamic "$out/test_dp.o" "$out/cuda_emu.o" "$out/emu_rt_strict.o" $libs -lczmq -lzmq -lmsgpackc -o "$out/dp-strict"
+g++ -rdynamic "$out/test_dp.o" "$out/cuda_emu.o" "$out/emu_rt_strict.o" $libs -o "$out/dp-strict"
 $cc -O1 -c tests/gpu/emu/strict_check.c -o "$out/strict_check.o"
 g++ -rdynamic "$out/strict_check.o" "$out/cuda_emu.o" "$out/emu_rt_strict.o" $libs -o "$out/strict-check"
 $cxx -O2 -march=native -ffp-contract=fast $inc -c "$out/cuda_emu_gpulike.cc" -o "$out/cuda_emu_gpulike.o"
