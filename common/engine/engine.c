@@ -12,6 +12,7 @@
 // contiguous rows. On the CPU backend every transfer is a memcpy, so the CPU path computes
 // exactly what it computed when it read these buffers directly.
 #include "common/engine/engine.h"
+#include "common/engine/loss.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -607,9 +608,21 @@ static void train_backward(engine_t *e, train_fwd_t *f, float *dx, float *model_
 enum { RUN_TRAIN, RUN_LOGPROBS };
 
 // Shared driver of engine_train and engine_logprobs: forward, chunked head + loss, backward.
-static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cfg_t *lc, int mode, float *model_grads,
-               float *const *lora_grads, loss_stats_t *out_stats, int n_stats, float *const *logp_out,
-               float *const *ent_out, char *err) {
+// What a run writes: gradients and statistics (RUN_TRAIN), or log-probs and entropies
+// (RUN_LOGPROBS). NULL members are not written.
+typedef struct {
+    float *model_grads;            // full-parameter gradients (fp32 models only)
+    float *const *lora_grads;      // per adapter slot
+    loss_stats_t *stats;           // per group (slot + 1), n_stats of them
+    int n_stats;
+    float *const *logp, *const *entropy;   // per sequence, indexed by token
+} run_out_t;
+
+static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cfg_t *lc, int mode, const run_out_t *o,
+               char *err) {
+    float *model_grads = o->model_grads;
+    float *const *lora_grads = o->lora_grads;
+    float *const *logp_out = o->logp, *const *ent_out = o->entropy;
     const kernels_t *k = e->k;
     const hf_config_t *cf = &e->m->cfg;
     int D = cf->hidden_size, V = cf->vocab_size, n_groups = lora_pool_slots(e->pool) + 1;
@@ -617,26 +630,7 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
     if (model_grads && e->m->bf16)
         return err_set(err, "full-parameter training needs fp32 weights; this model's matrices are bf16 (model_to_bf16, "
                        "--weights bf16): train LoRA adapters, or load the model with --weights fp32");
-    if (mode == RUN_TRAIN) {
-        if (lc->kind != LOSS_CE && lc->kind != LOSS_RL) return err_set(err, "unknown loss kind %d", lc->kind);
-        if (lc->kind == LOSS_RL)
-            for (int i = 0; i < n; i++)
-                if (seqs[i].weight && !seqs[i].old_logp)
-                    return err_set(err, "RL loss: sequence %d has no behaviour log-probs", i);
-        if (lc->kind == LOSS_RL && lc->kl_coef > 0.0f)
-            for (int i = 0; i < n; i++)
-                if (seqs[i].weight && !seqs[i].ref_logp)
-                    return err_set(err, "RL loss with KL: sequence %d has no reference log-probs", i);
-        for (int i = 0; lc->slot_weight && i < n; i++) {
-            bool weighted = false;
-            for (int t = seqs[i].prefix_len + 1; seqs[i].weight && t < seqs[i].len && !weighted; t++)
-                weighted = seqs[i].weight[t] > 0.0f;
-            int g = seqs[i].slot + 1;
-            if (weighted && (g >= lc->n_slot_weight || !(lc->slot_weight[g] > 0.0)))
-                return err_set(err, "loss normaliser: no positive slot_weight for slot %d (sequence %d; %d entries)",
-                               seqs[i].slot, i, lc->n_slot_weight);
-        }
-    }
+    if (mode == RUN_TRAIN && loss_check(lc, seqs, n, err)) return -1;
     train_fwd_t f = {0};
     if (train_forward(e, seqs, n, &f, err)) return -1;
     int N = f.N;
@@ -665,7 +659,7 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
                 logp_out[i][t] = 0.0f;
                 if (ent_out && ent_out[i]) ent_out[i][t] = 0.0f;
             }
-    loss_stats_t *stats = out_stats ? xcalloc((size_t)n_groups, sizeof(loss_stats_t)) : NULL;
+    loss_stats_t *stats = o->stats ? xcalloc((size_t)n_groups, sizeof(loss_stats_t)) : NULL;
     bool backward = mode == RUN_TRAIN && M > 0;
     float *dxf = NULL;
     if (backward) {
@@ -704,45 +698,9 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
             const engine_train_seq_t *s = &seqs[mseq[m0 + r]];
             int t = mt[m0 + r], g = s->slot + 1;
             double wt = s->weight[t], wn = wt / (lc->slot_weight ? lc->slot_weight[g] : gw[g]);
-            double l, d, clipped = 0.0, kl = 0.0, ratio = 1.0;
-            if (lc->kind == LOSS_CE) {
-                l = -lp[r];
-                d = -1.0;
-            } else {
-                double A = s->advantage;
-                ratio = exp((double)lp[r] - s->old_logp[t]);
-                double rc = ratio < 1.0 - lc->clip_low ? 1.0 - lc->clip_low
-                            : ratio > 1.0 + lc->clip_high ? 1.0 + lc->clip_high : ratio;
-                double pg1 = -A * ratio, pg2 = -A * rc;
-                if (pg2 > pg1) {
-                    l = pg2, d = 0.0, clipped = 1.0;
-                } else {
-                    l = pg1, d = -A * ratio;
-                }
-                if (s->ref_logp) {
-                    double dl = (double)s->ref_logp[t] - lp[r];
-                    kl = exp(dl) - dl - 1.0;
-                    if (lc->kl_coef > 0.0f) {
-                        l += lc->kl_coef * kl;
-                        d += lc->kl_coef * (1.0 - exp(dl));
-                    }
-                }
-            }
-            dlp[r] = (float)(wn * d);
-            if (stats) {
-                loss_stats_t *st = &stats[g];
-                st->loss += wn * l;
-                st->tokens += wt;
-                st->clip_frac += wn * clipped;
-                st->kl += wn * kl;
-                st->entropy += wn * en[r];
-                st->ratio_mean += wn * ratio;
-                st->logp_mean += wn * lp[r];
-                if (s->on_policy && s->old_logp) {
-                    st->mismatch += fabs((double)lp[r] - s->old_logp[t]);
-                    st->mismatch_tokens += 1;
-                }
-            }
+            loss_token_t tl = loss_token(lc, s, t, lp[r]);
+            dlp[r] = (float)(wn * tl.dlogp);
+            if (stats) loss_stats_add(&stats[g], s, t, wn, wt, &tl, lp[r], en[r]);
         }
         k->to_dev(dlp_d, dlp, sizeof(float) * (size_t)c);
         k->logprob_bwd(logits, dlp_d, mtgt + m0, c, V, T);
@@ -765,9 +723,10 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
         k->rmsnorm_bwd(dx, model_grads ? gmw.final_norm : NULL, dxf, f.x_out, e->m->w.final_norm, f.rstdf, N, D);
         train_backward(e, &f, dx, model_grads, lora_grads);
     }
-    for (int g = 0; stats && g < n_groups; g++)
-        if (stats[g].mismatch_tokens > 0) stats[g].mismatch /= stats[g].mismatch_tokens;
-    if (stats) memcpy(out_stats, stats, sizeof(loss_stats_t) * (size_t)(n_stats < n_groups ? n_stats : n_groups));
+    if (stats) {
+        loss_stats_finish(stats, n_groups);
+        memcpy(o->stats, stats, sizeof(loss_stats_t) * (size_t)(o->n_stats < n_groups ? o->n_stats : n_groups));
+    }
     free(stats);
     free(lp), free(dlp), free(mseq), free(mt), free(mrow), free(mtgt), free(gw);
     free(f.layers);
@@ -777,13 +736,15 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
 int engine_train(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cfg_t *lc, float *model_grads,
                  float *const *lora_grads, loss_stats_t *stats, int n_stats, char *err) {
     if (!lc) return err_set(err, "engine_train: loss config required");
-    return run(e, seqs, n, lc, RUN_TRAIN, model_grads, lora_grads, stats, n_stats, NULL, NULL, err);
+    run_out_t o = {.model_grads = model_grads, .lora_grads = lora_grads, .stats = stats, .n_stats = n_stats};
+    return run(e, seqs, n, lc, RUN_TRAIN, &o, err);
 }
 
 int engine_logprobs(engine_t *e, const engine_train_seq_t *seqs, int n, float temperature, float *const *logp,
                     float *const *entropy, char *err) {
     loss_cfg_t lc = {.kind = LOSS_CE, .temperature = temperature};
-    return run(e, seqs, n, &lc, RUN_LOGPROBS, NULL, NULL, NULL, 0, logp, entropy, err);
+    run_out_t o = {.logp = logp, .entropy = entropy};
+    return run(e, seqs, n, &lc, RUN_LOGPROBS, &o, err);
 }
 
 double engine_forward_flops(const model_t *m, double n_tokens, double n_logits, double mean_ctx) {

@@ -1,5 +1,6 @@
 // jobdata.c - reading a job's uploaded dataset back from Redis.
 #include "common/rl/jobdata.h"
+#include "common/rl/keys.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +11,7 @@ dataset_t *jobdata_dataset(store_t *st, const char *job, const jobspec_t *spec, 
     int n = 0;
     verify_spec_t vs;
     if (verify_spec_parse(&vs, spec->verifier, err)) return NULL;
-    if (!store_key(st, key, sizeof key, "job:%s:data", job)) {
+    if (!key_job_data(st, key, sizeof key, job)) {
         err_set(err, "job id too long");
         return NULL;
     }

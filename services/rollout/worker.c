@@ -7,6 +7,7 @@
 
 #include "common/tasks/env.h"
 #include "common/util/log.h"
+#include "common/rl/keys.h"
 
 typedef struct {
     char job[PROTO_MAX_ID];
@@ -145,7 +146,7 @@ static int load_adapter(worker_t *w, int s, const char *job, uint32_t version, c
     char key[256];
     uint8_t *blob = NULL;
     size_t len = 0;
-    store_key(w->st, key, sizeof key, "adapter:%s:%u", job, version);
+    key_adapter(w->st, key, sizeof key, job, version);
     int rc = store_get(w->st, key, &blob, &len, err);
     if (rc != 0) {
         if (rc == 1) err_set(err, "adapter version %u of job %s is not in Redis (evicted or never published)", version, job);

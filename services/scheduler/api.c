@@ -17,6 +17,7 @@
 #include "common/rl/rl.h"
 #include "common/tasks/dataset.h"
 #include "common/util/log.h"
+#include "common/rl/keys.h"
 
 struct api {
     store_t *st;
@@ -104,7 +105,7 @@ static int tenant_of(api_t *a, const char *token, char tenant[PROTO_MAX_ID], cha
     char key[256], hash[65], *t = NULL;
     if (!token || !*token) return err_set(err, "missing token");
     token_hash(token, hash);
-    store_key(a->st, key, sizeof key, "tokens");
+    key_tokens(a->st, key, sizeof key);
     int rc = store_hget(a->st, key, hash, &t, NULL, err);
     if (rc == 1) return err_set(err, "invalid token");
     if (rc < 0) return -1;
@@ -117,12 +118,12 @@ static int tenant_of(api_t *a, const char *token, char tenant[PROTO_MAX_ID], cha
 static int job_get(api_t *a, const char *job, const char *tenant, bool admin, store_kv_t **kv, int *n, char *err) {
     char key[256];
     if (!job || !*job || strlen(job) >= PROTO_MAX_ID) return err_set(err, "no such job");
-    store_key(a->st, key, sizeof key, "job:%s", job);
+    key_job(a->st, key, sizeof key, job);
     int rc = store_hgetall(a->st, key, kv, n, err);
     if (rc) return rc == 1 ? err_set(err, "no such job: %s", job) : -1;
     bool mine = admin;
     for (int i = 0; i < *n; i++)
-        if (!strcmp((*kv)[i].field, "tenant") && !strcmp((*kv)[i].value, tenant)) mine = true;
+        if (!strcmp((*kv)[i].field, JOB_TENANT) && !strcmp((*kv)[i].value, tenant)) mine = true;
     if (!mine) {
         store_kv_free(kv, *n);
         return err_set(err, "no such job: %s", job);
@@ -141,7 +142,7 @@ static cJSON *job_json(store_kv_t *kv, int n, const char *id, bool with_spec) {
     cJSON_AddStringToObject(o, "id", id);
     for (int i = 0; i < n; i++) {
         const char *f = kv[i].field, *v = kv[i].value;
-        if (!strcmp(f, "spec")) {
+        if (!strcmp(f, JOB_SPEC)) {
             cJSON *sp = cJSON_Parse(v);
             if (with_spec && sp) cJSON_AddItemToObject(o, "spec", sp);
             else {
@@ -152,7 +153,7 @@ static cJSON *job_json(store_kv_t *kv, int n, const char *id, bool with_spec) {
                 if (cJSON_IsNumber(ms)) cJSON_AddNumberToObject(o, "max_steps", ms->valuedouble);
                 cJSON_Delete(sp);
             }
-        } else if (!strcmp(f, "status") || !strcmp(f, "tenant") || !strcmp(f, "error")) {
+        } else if (!strcmp(f, JOB_STATUS) || !strcmp(f, JOB_TENANT) || !strcmp(f, JOB_ERROR)) {
             cJSON_AddStringToObject(o, f, v);
         } else {
             char *end;
@@ -183,7 +184,7 @@ static int op_tenant_create(api_t *a, const proto_req_t *q, proto_args_t *res, c
         return err_set(err, "tenant_create: quota must be an integer in 1..10000");
     char key[256], id[PROTO_MAX_ID], token[64], hash[65], qs[32], now[32];
     int64_t seq;
-    store_key(a->st, key, sizeof key, "tenants:seq");
+    key_tenant_seq(a->st, key, sizeof key);
     if (store_incr(a->st, key, &seq, err)) return -1;
     snprintf(id, sizeof id, "t-%lld", (long long)seq);
     unsigned char rnd[24];
@@ -193,13 +194,13 @@ static int op_tenant_create(api_t *a, const proto_req_t *q, proto_args_t *res, c
     token_hash(token, hash);
     snprintf(qs, sizeof qs, "%lld", (long long)quota);
     snprintf(now, sizeof now, "%ld", (long)time(NULL));
-    store_key(a->st, key, sizeof key, "tenant:%s", id);
-    const char *f[4] = {"name", "token_hash", "quota", "created"}, *v[4] = {name, hash, qs, now};
+    key_tenant(a->st, key, sizeof key, id);
+    const char *f[4] = {TENANT_NAME, TENANT_TOKEN_HASH, TENANT_QUOTA, TENANT_CREATED}, *v[4] = {name, hash, qs, now};
     if (store_hset(a->st, key, 4, f, v, err)) return -1;
-    store_key(a->st, key, sizeof key, "tokens");
+    key_tokens(a->st, key, sizeof key);
     const char *tf[1] = {hash}, *tv[1] = {id};
     if (store_hset(a->st, key, 1, tf, tv, err)) return -1;
-    store_key(a->st, key, sizeof key, "tenants");
+    key_tenants(a->st, key, sizeof key);
     const char *m[1] = {id};
     if (store_sadd(a->st, key, 1, m, NULL, err)) return -1;
     proto_args_str(res, "tenant", id);
@@ -211,12 +212,12 @@ static int op_tenant_create(api_t *a, const proto_req_t *q, proto_args_t *res, c
 static int count_active(api_t *a, const char *tenant, char *err) {
     char key[256], **ids = NULL;
     int n = 0, active = 0;
-    store_key(a->st, key, sizeof key, "jobs:%s", tenant);
+    key_tenant_jobs(a->st, key, sizeof key, tenant);
     if (store_smembers(a->st, key, &ids, &n, err)) return -1;
     for (int i = 0; i < n; i++) {
         char *st = NULL;
-        store_key(a->st, key, sizeof key, "job:%s", ids[i]);
-        if (store_hget(a->st, key, "status", &st, NULL, err) == 0)
+        key_job(a->st, key, sizeof key, ids[i]);
+        if (store_hget(a->st, key, JOB_STATUS, &st, NULL, err) == 0)
             active += !strcmp(st, "queued") || !strcmp(st, "running");
         free(st);
     }
@@ -331,8 +332,8 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
     cJSON_Delete(given);
     char key[256], quota_s[32] = "16";
     char *qv = NULL;
-    store_key(a->st, key, sizeof key, "tenant:%s", tenant);
-    if (store_hget(a->st, key, "quota", &qv, NULL, err) == 0) snprintf(quota_s, sizeof quota_s, "%s", qv);
+    key_tenant(a->st, key, sizeof key, tenant);
+    if (store_hget(a->st, key, TENANT_QUOTA, &qv, NULL, err) == 0) snprintf(quota_s, sizeof quota_s, "%s", qv);
     free(qv);
     int active = count_active(a, tenant, err);
     if (active < 0) return -1;
@@ -348,14 +349,14 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
     if (rc) return -1;
     int64_t seq;
     char id[PROTO_MAX_ID], now[32];
-    store_key(a->st, key, sizeof key, "jobs:seq");
+    key_job_seq(a->st, key, sizeof key);
     if (store_incr(a->st, key, &seq, err)) goto fail;
     snprintf(id, sizeof id, "j-%lld", (long long)seq);
-    store_key(a->st, key, sizeof key, "adapter:%s:0", id);
+    key_adapter(a->st, key, sizeof key, id, 0);
     if (store_set(a->st, key, blob, blen, err)) goto fail;
     if (data) {
         // one list entry per non-blank line (validated above)
-        store_key(a->st, key, sizeof key, "job:%s:data", id);
+        key_job_data(a->st, key, sizeof key, id);
         const char *p = data, *end = data + data_len;
         while (p < end) {
             const char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -372,16 +373,17 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
     }
     char *canon = jobspec_to_json(&spec);
     snprintf(now, sizeof now, "%ld", (long)time(NULL));
-    store_key(a->st, key, sizeof key, "job:%s", id);
-    const char *f[9] = {"tenant", "spec", "status", "step", "adapter_version", "created", "updated", "issued", "notes"};
+    key_job(a->st, key, sizeof key, id);
+    const char *f[9] = {JOB_TENANT, JOB_SPEC,    JOB_STATUS, JOB_STEP, JOB_VERSION,
+                        JOB_CREATED, JOB_UPDATED, JOB_ISSUED, JOB_NOTES};
     const char *v[9] = {tenant, canon, "queued", "0", "0", now, now, "0", notes};
     rc = store_hset(a->st, key, notes[0] ? 9 : 8, f, v, err);
     free(canon);
     if (rc) goto fail;
     const char *m[1] = {id};
-    store_key(a->st, key, sizeof key, "jobs");
+    key_jobs(a->st, key, sizeof key);
     if (store_sadd(a->st, key, 1, m, NULL, err)) goto fail;
-    store_key(a->st, key, sizeof key, "jobs:%s", tenant);
+    key_tenant_jobs(a->st, key, sizeof key, tenant);
     if (store_sadd(a->st, key, 1, m, NULL, err)) goto fail;
     free(blob);
     if (sched_add_job(a->sc, id, err)) return -1;
@@ -397,8 +399,8 @@ fail:
 static int op_job_list(api_t *a, const char *tenant, bool admin, proto_args_t *res, char *err) {
     char key[256], **ids = NULL;
     int n = 0;
-    if (admin) store_key(a->st, key, sizeof key, "jobs");
-    else store_key(a->st, key, sizeof key, "jobs:%s", tenant);
+    if (admin) key_jobs(a->st, key, sizeof key);
+    else key_tenant_jobs(a->st, key, sizeof key, tenant);
     if (store_smembers(a->st, key, &ids, &n, err)) return -1;
     cJSON *arr = cJSON_CreateArray();
     for (int i = 0; i < n; i++) {
@@ -429,15 +431,15 @@ static int op_job_cancel(api_t *a, const char *tenant, bool admin, const proto_r
     store_kv_t *kv = NULL;
     int n = 0;
     if (job_get(a, job, tenant, admin, &kv, &n, err)) return -1;
-    const char *st = kv_get(kv, n, "status");
+    const char *st = kv_get(kv, n, JOB_STATUS);
     char status[32];
     snprintf(status, sizeof status, "%s", st ? st : "");
     store_kv_free(&kv, n);
     if (!strcmp(status, "queued") || !strcmp(status, "running")) {
         char key[256], now[32];
         snprintf(now, sizeof now, "%ld", (long)time(NULL));
-        store_key(a->st, key, sizeof key, "job:%s", job);
-        const char *f[2] = {"status", "updated"}, *v[2] = {"cancelled", now};
+        key_job(a->st, key, sizeof key, job);
+        const char *f[2] = {JOB_STATUS, JOB_UPDATED}, *v[2] = {"cancelled", now};
         if (store_hset(a->st, key, 2, f, v, err)) return -1;
         sched_cancel(a->sc, job);
         snprintf(status, sizeof status, "cancelled");
@@ -458,7 +460,7 @@ static int op_job_metrics(api_t *a, const char *tenant, bool admin, const proto_
     char key[256];
     store_entry_t *e = NULL;
     int ne = 0;
-    store_key(a->st, key, sizeof key, "metrics:%s", job);
+    key_metrics(a->st, key, sizeof key, job);
     if (store_xrange(a->st, key, "-", 0, &e, &ne, err)) return -1;
     cJSON *arr = cJSON_CreateArray();
     for (int i = ne > count ? ne - (int)count : 0; i < ne; i++) {
@@ -476,15 +478,16 @@ static int op_adapter_get(api_t *a, const char *tenant, bool admin, const proto_
     store_kv_t *kv = NULL;
     int n = 0;
     if (job_get(a, job, tenant, admin, &kv, &n, err)) return -1;
-    const char *cur = kv_get(kv, n, "adapter_version");
+    const char *cur = kv_get(kv, n, JOB_VERSION);
     int64_t ver = cur ? atoll(cur) : 0;
     store_kv_free(&kv, n);
-    if (proto_args_get(&q->args, "version") && (!proto_args_get_int(&q->args, "version", &ver) || ver < 0))
-        return err_set(err, "adapter_get: version must be a non-negative integer");
+    if (proto_args_get(&q->args, "version") &&
+        (!proto_args_get_int(&q->args, "version", &ver) || ver < 0 || ver > UINT32_MAX))
+        return err_set(err, "adapter_get: version must be an integer from 0 to %u", UINT32_MAX);
     char key[256];
     uint8_t *blob = NULL;
     size_t len = 0;
-    store_key(a->st, key, sizeof key, "adapter:%s:%lld", job, (long long)ver);
+    key_adapter(a->st, key, sizeof key, job, (uint32_t)ver);
     int rc = store_get(a->st, key, &blob, &len, err);
     if (rc == 1) return err_set(err, "adapter version %lld of %s is not kept (only the latest few are)", (long long)ver, job);
     if (rc < 0) return -1;

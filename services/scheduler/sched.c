@@ -23,6 +23,7 @@
 #include "common/svc/metrics.h"
 #include "common/rl/rl.h"
 #include "common/util/log.h"
+#include "common/rl/keys.h"
 
 typedef enum { JS_QUEUED, JS_RUNNING, JS_DONE, JS_FAILED, JS_CANCELLED } jstate_t;
 static const char *state_name[] = {"queued", "running", "done", "failed", "cancelled"};
@@ -90,7 +91,7 @@ static sjob_t *find(sched_t *s, const char *id) {
 
 static void hset(sched_t *s, const char *job, int n, const char **f, const char **v) {
     char key[256], err[ERR_LEN];
-    store_key(s->st, key, sizeof key, "job:%s", job);
+    key_job(s->st, key, sizeof key, job);
     if (store_hset(s->st, key, n, f, v, err)) logj_warn(job, "job state not saved: %s", err);
 }
 
@@ -116,7 +117,7 @@ static void set_state(sched_t *s, sjob_t *j, jstate_t st, const char *error) {
     j->state = st;
     char now[32];
     snprintf(now, sizeof now, "%ld", (long)time(NULL));
-    const char *f[3] = {"status", "updated", "error"}, *v[3] = {state_name[st], now, error ? error : ""};
+    const char *f[3] = {JOB_STATUS, JOB_UPDATED, JOB_ERROR}, *v[3] = {state_name[st], now, error ? error : ""};
     hset(s, j->id, error ? 3 : 2, f, v);
     logj_info(j->id, "status %s%s%s", state_name[st], error ? ": " : "", error ? error : "");
     publish(s, j, "status", -1);
@@ -154,7 +155,7 @@ static sjob_t *load_job(sched_t *s, const char *id, char *err) {
     char key[256];
     store_kv_t *kv = NULL;
     int n = 0;
-    store_key(s->st, key, sizeof key, "job:%s", id);
+    key_job(s->st, key, sizeof key, id);
     int rc = store_hgetall(s->st, key, &kv, &n, err);
     if (rc) {
         if (rc == 1) err_set(err, "job %s not found", id);
@@ -165,14 +166,14 @@ static sjob_t *load_job(sched_t *s, const char *id, char *err) {
     bool have_spec = false;
     for (int i = 0; i < n; i++) {
         const char *f = kv[i].field, *v = kv[i].value;
-        if (!strcmp(f, "spec")) have_spec = jobspec_parse(&j->spec, v, err) == 0;
-        else if (!strcmp(f, "status")) {
+        if (!strcmp(f, JOB_SPEC)) have_spec = jobspec_parse(&j->spec, v, err) == 0;
+        else if (!strcmp(f, JOB_STATUS)) {
             for (int k = 0; k < 5; k++)
                 if (!strcmp(v, state_name[k])) j->state = (jstate_t)k;
-        } else if (!strcmp(f, "step")) j->step = (uint32_t)strtoul(v, NULL, 10);
-        else if (!strcmp(f, "adapter_version")) j->version = (uint32_t)strtoul(v, NULL, 10);
-        else if (!strcmp(f, "issued")) j->next_index = strtoull(v, NULL, 10);
-        else if (!strcmp(f, "eval_step")) j->last_eval_step = (uint32_t)strtoul(v, NULL, 10), j->evaluated_final = false;
+        } else if (!strcmp(f, JOB_STEP)) j->step = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(f, JOB_VERSION)) j->version = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(f, JOB_ISSUED)) j->next_index = strtoull(v, NULL, 10);
+        else if (!strcmp(f, JOB_EVAL_STEP)) j->last_eval_step = (uint32_t)strtoul(v, NULL, 10), j->evaluated_final = false;
     }
     store_kv_free(&kv, n);
     if (!have_spec) {
@@ -211,7 +212,7 @@ static void add(sched_t *s, sjob_t *j) {
 int sched_restore(sched_t *s, char *err) {
     char key[256], **ids = NULL;
     int n = 0, loaded = 0;
-    store_key(s->st, key, sizeof key, "jobs");
+    key_jobs(s->st, key, sizeof key);
     if (store_smembers(s->st, key, &ids, &n, err)) return -1;
     for (int i = 0; i < n; i++) {
         if (find(s, ids[i])) continue;
@@ -368,13 +369,13 @@ static void eval_done(sched_t *s, sjob_t *j) {
     snprintf(v[3], 32, "%.4f", hi);
     snprintf(v[4], 32, "%llu", (unsigned long long)j->eval_n);
     snprintf(v[5], 32, "%.3f", (double)time(NULL));
-    const char *f[6] = {"eval_step", "eval_acc", "eval_lo", "eval_hi", "eval_n", "time"};
+    const char *f[6] = {JOB_EVAL_STEP, JOB_EVAL_ACC, JOB_EVAL_LO, JOB_EVAL_HI, JOB_EVAL_N, "time"};
     const char *vv[6] = {v[0], v[1], v[2], v[3], v[4], v[5]};
-    store_key(s->st, key, sizeof key, "metrics:%s", j->id);
+    key_metrics(s->st, key, sizeof key, j->id);
     store_xadd(s->st, key, 10000, 6, f, vv, NULL, err);
     hset(s, j->id, 5, f, vv);
     if (j->eval_step == 0) {
-        const char *f0[1] = {"eval_acc0"}, *v0[1] = {v[1]};
+        const char *f0[1] = {JOB_EVAL_ACC0}, *v0[1] = {v[1]};
         hset(s, j->id, 1, f0, v0);
     }
     logj_info(j->id, "eval step=%u accuracy=%.3f [%.3f, %.3f] n=%llu", j->eval_step, acc, lo, hi,
@@ -524,7 +525,7 @@ void sched_tick(sched_t *s) {
         if (policy_sync_full(s->cfg.policy, j->in_rollout + j->at_trainer, j->spec.prompts)) j->sync_waiting = true;
         char v[32];
         snprintf(v, sizeof v, "%llu", (unsigned long long)j->next_index);
-        const char *f[1] = {"issued"}, *vv[1] = {v};
+        const char *f[1] = {JOB_ISSUED}, *vv[1] = {v};
         hset(s, j->id, 1, f, vv);
     }
     // forget finished jobs
@@ -569,7 +570,7 @@ void sched_report(sched_t *s, const proto_report_t *r) {
             j->reward_errors += r->errors;
             if (r->errors) {
                 char key[256], err[ERR_LEN];
-                store_key(s->st, key, sizeof key, "job:%s", j->id);
+                key_job(s->st, key, sizeof key, j->id);
                 store_hincrby(s->st, key, "reward_errors", r->errors, NULL, err);
             }
         }

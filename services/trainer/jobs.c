@@ -10,6 +10,7 @@
 
 #include "common/rl/batch.h"
 #include "common/util/log.h"
+#include "common/rl/keys.h"
 
 #define SEEN_TASKS 4096
 
@@ -136,8 +137,8 @@ static tjob_t *find(tjobs_t *t, const char *id) {
 // Reads the job's status; returns 1 when it is no longer running (batches are ignored).
 static int job_finished(tjobs_t *t, const char *id) {
     char key[256], err[ERR_LEN], *status = NULL;
-    store_key(t->st, key, sizeof key, "job:%s", id);
-    if (store_hget(t->st, key, "status", &status, NULL, err) != 0) return 1;
+    key_job(t->st, key, sizeof key, id);
+    if (store_hget(t->st, key, JOB_STATUS, &status, NULL, err) != 0) return 1;
     int fin = strcmp(status, "running") != 0 && strcmp(status, "queued") != 0;
     free(status);
     return fin;
@@ -165,8 +166,8 @@ static tjob_t *load(tjobs_t *t, const char *id, char *err) {
         return NULL;
     }
     char key[256], *spec = NULL, *ver = NULL, *step = NULL;
-    store_key(t->st, key, sizeof key, "job:%s", id);
-    if (store_hget(t->st, key, "spec", &spec, NULL, err) != 0) {
+    key_job(t->st, key, sizeof key, id);
+    if (store_hget(t->st, key, JOB_SPEC, &spec, NULL, err) != 0) {
         if (!err[0]) err_set(err, "job %s not found in Redis", id);
         return NULL;
     }
@@ -174,13 +175,13 @@ static tjob_t *load(tjobs_t *t, const char *id, char *err) {
     snprintf(j->id, sizeof j->id, "%s", id);
     j->slot = slot;
     if (jobspec_parse(&j->spec, spec, err)) goto fail;
-    if (store_hget(t->st, key, "adapter_version", &ver, NULL, err) < 0) goto fail;
-    if (store_hget(t->st, key, "step", &step, NULL, err) < 0) goto fail;
+    if (store_hget(t->st, key, JOB_VERSION, &ver, NULL, err) < 0) goto fail;
+    if (store_hget(t->st, key, JOB_STEP, &step, NULL, err) < 0) goto fail;
     j->version = ver ? (uint32_t)strtoul(ver, NULL, 10) : 0;
     j->step = step ? (uint32_t)strtoul(step, NULL, 10) : 0;
     uint8_t *blob = NULL;
     size_t len = 0;
-    store_key(t->st, key, sizeof key, "adapter:%s:%u", id, j->version);
+    key_adapter(t->st, key, sizeof key, id, j->version);
     if (store_get(t->st, key, &blob, &len, err) != 0) {
         if (!err[0]) err_set(err, "adapter version %u of job %s is missing from Redis", j->version, id);
         goto fail;
@@ -197,7 +198,7 @@ static tjob_t *load(tjobs_t *t, const char *id, char *err) {
     oc.lr = j->spec.lr;
     j->opt = optim_new(&oc, t->k, ad->n_params);
     j->grad = t->k->alloc(sizeof(float) * ad->n_params);
-    store_key(t->st, key, sizeof key, "optim:%s", id);
+    key_optim(t->st, key, sizeof key, id);
     if (store_get(t->st, key, &blob, &len, err) == 0) {
         char e2[ERR_LEN];
         if (optim_deserialize(j->opt, blob, len, e2))
@@ -288,15 +289,15 @@ static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int 
     if (lora_serialize(a, &blob, &len, err)) return -1;
     uint32_t v = j->version + 1;
     char kad[256], kjob[256], kold[256], kopt[256], kmet[256], vs[16], ss[16];
-    store_key(t->st, kad, sizeof kad, "adapter:%s:%u", j->id, v);
-    store_key(t->st, kjob, sizeof kjob, "job:%s", j->id);
-    store_key(t->st, kopt, sizeof kopt, "optim:%s", j->id);
-    store_key(t->st, kmet, sizeof kmet, "metrics:%s", j->id);
+    key_adapter(t->st, kad, sizeof kad, j->id, v);
+    key_job(t->st, kjob, sizeof kjob, j->id);
+    key_optim(t->st, kopt, sizeof kopt, j->id);
+    key_metrics(t->st, kmet, sizeof kmet, j->id);
     snprintf(vs, sizeof vs, "%u", v);
     snprintf(ss, sizeof ss, "%u", j->step + 1);
     const char *set_argv[3] = {"SET", kad, (const char *)blob};
     size_t set_lens[3] = {3, strlen(kad), len};
-    const char *h_argv[6] = {"HSET", kjob, "adapter_version", vs, "step", ss};
+    const char *h_argv[6] = {"HSET", kjob, JOB_VERSION, vs, JOB_STEP, ss};
     const char *d_argv[2] = {"DEL", kold};
     const char *o_argv[3] = {"SET", kopt, NULL};
     size_t o_lens[3] = {3, strlen(kopt), 0};
@@ -305,7 +306,7 @@ static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int 
     store_argv_t cmds[5] = {{.argc = 3, .argv = set_argv, .lens = set_lens}, {.argc = 6, .argv = h_argv}};
     int nc = 2;
     if (v >= (uint32_t)t->cfg.keep_versions) {
-        store_key(t->st, kold, sizeof kold, "adapter:%s:%u", j->id, v - (uint32_t)t->cfg.keep_versions);
+        key_adapter(t->st, kold, sizeof kold, j->id, v - (uint32_t)t->cfg.keep_versions);
         cmds[nc++] = (store_argv_t){.argc = 2, .argv = d_argv};
     }
     if ((j->step + 1) % (uint32_t)t->cfg.optim_every == 0) {
@@ -327,8 +328,8 @@ static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int 
 
 static void fail_job(tjobs_t *t, tjob_t *j, const char *why, tjobs_result_t *r) {
     char key[256], err[ERR_LEN];
-    store_key(t->st, key, sizeof key, "job:%s", j->id);
-    const char *f[2] = {"status", "error"}, *v[2] = {"failed", why};
+    key_job(t->st, key, sizeof key, j->id);
+    const char *f[2] = {JOB_STATUS, JOB_ERROR}, *v[2] = {"failed", why};
     store_hset(t->st, key, 2, f, v, err);
     logj_error(j->id, "job failed: %s", why);
     r->failed = true;

@@ -11,6 +11,7 @@
 #include "common/rl/rl.h"
 #include "common/tasks/env.h"
 #include "common/util/log.h"
+#include "common/rl/keys.h"
 
 #define MAX_JOBS 256
 #define MAX_ENDPOINTS 32
@@ -128,8 +129,8 @@ static vjob_t *job_get(scorer_t *s, const char *id) {
     snprintf(j->id, sizeof j->id, "%s", id);
     j->last_used = util_now();
     char key[256], *spec = NULL;
-    store_key(s->st, key, sizeof key, "job:%s", id);
-    int rc = store_hget(s->st, key, "spec", &spec, NULL, j->error);
+    key_job(s->st, key, sizeof key, id);
+    int rc = store_hget(s->st, key, JOB_SPEC, &spec, NULL, j->error);
     if (rc == 1) snprintf(j->error, sizeof j->error, "job %s not found in Redis", id);
     if (rc == 0 && jobspec_parse(&j->spec, spec, j->error) == 0) {
         if (!j->spec.dataset) {

@@ -93,7 +93,7 @@ except OSError:
     pass
 time.sleep(20)' &
 HOLD=$!
-sleep 0.3
+wait_for 10 bash -c "echo > /dev/tcp/127.0.0.1/9503" 2>/dev/null || true   # the port is held (by us or another)
 w_rc=0
 w_out=$(env -u MARLAAS_HTTP MARLAAS_THREADS=1 "$BIN/marlaas-trainer" --model models/micro --set dp_world=2 --set dp_rank=1 \
     --set "dp_endpoint=tcp://127.0.0.1:$(free_low_port)" --set dp_timeout=1 2>&1) || w_rc=$?

@@ -86,7 +86,8 @@ done
 [ -n "$ENV_PID" ] || { echo "env_service did not start"; cat "$tmp/env.log"; exit 1; }
 m=$(submit "$TOK" --task tcalc --steps 8 --prompts 2 --group 2 --eval-every 8 --eval-n 4 --max-turns 3 \
         --env-endpoint "tcp://127.0.0.1:$EP")
-sleep 1   # the slow job's first batches are at the environment when the others start
+# the slow job's first batches are at the environment when the others start
+wait_for 60 grep -q "env_service: id " "$tmp/env.log" || bad "the slow job sent no request to its environment"
 a2=$(submit "$TOK" --task vowels $SINGLE)
 b2=$(submit "$TOK" --task len $SINGLE)
 T1=$(wait_all "$TOK" 300 "$a2" "$b2") || bad "single-turn jobs beside the slow one did not finish ($T1)"

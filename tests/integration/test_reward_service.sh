@@ -173,7 +173,8 @@ cat > "$tmp/slow.json" <<EOF
  "reward": {"endpoint": "tcp://127.0.0.1:$SVC_PORT", "timeout_ms": 30000, "retries": 0, "on_failure": "zero"}}
 EOF
 jF=$(submit "$T" --spec "$tmp/slow.json")
-sleep 1
+# the slow job is being scored (its requests are at the slow service) before the flood
+wait_for 60 grep -q "reward_service: id " "$tmp/slow.log" || { echo "FAIL: the slow job sent no reward request"; fail=1; }
 "$BIN/marlaas-fuzz-send" --endpoint "$(sed -n 's/^MARLAAS_VERIFIERS=//p' "$RUN/env")" --type push --count 1200 \
     --seed 7 --only valid --message done > "$tmp/flood.out" || { echo "FAIL: $(cat "$tmp/flood.out")"; fail=1; }
 sF=0

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "common/net/store.h"
+#include "common/rl/keys.h"
 #include "tests/unit/testbits.h"
 
 // --- a private redis-server per test -------------------------------------------------------
@@ -743,4 +744,23 @@ Test(store_connect, refused_fails_fast) {
     cr_assert_null(store_new("127.0.0.1", 0, NULL, err));
     cr_assert_not_null(strstr(err, "port out of range"), "err: %s", err);
     cr_assert_null(store_new(NULL, 6379, NULL, err));
+}
+
+// The services' keys (common/rl/keys.h): each under the store's prefix, spelled once; a key that
+// does not fit its buffer is NULL, never a cut key that could name another record.
+Test(store, service_keys) {
+    char k[KEY_LEN];
+    const char *pre = "t:";
+    cr_assert_not_null(key_job(st, k, sizeof k, "j-7"));
+    cr_assert(!strncmp(k, pre, strlen(pre)) && !strcmp(k + strlen(pre), "job:j-7"), "%s", k);
+    key_adapter(st, k, sizeof k, "j-7", 4294967295u);
+    cr_assert_str_eq(k + strlen(pre), "adapter:j-7:4294967295");
+    key_job_data(st, k, sizeof k, "j-7");
+    cr_assert_str_eq(k + strlen(pre), "job:j-7:data");
+    key_tenant_jobs(st, k, sizeof k, "acme");
+    cr_assert_str_eq(k + strlen(pre), "jobs:acme");
+    key_optim(st, k, sizeof k, "j-7");
+    cr_assert_str_eq(k + strlen(pre), "optim:j-7");
+    char small[24];
+    cr_assert_null(key_adapter(st, small, sizeof small, "j-1234567890123", 1), "a key longer than the buffer is refused");
 }
