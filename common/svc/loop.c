@@ -228,3 +228,12 @@ int svc_loop_run(svc_loop_t *l) {
     }
     return l->rc;
 }
+
+int svc_loop_serve(svc_t *s, store_t *st, void *module, void (*reg)(void *module, svc_loop_t *l), bool ready_now) {
+    svc_loop_t *l = svc_loop_new(s, st);
+    reg(module, l);
+    if (ready_now) svc_ready(s, true, NULL);
+    int rc = svc_loop_run(l);
+    svc_loop_destroy(&l);
+    return rc;
+}

@@ -89,6 +89,11 @@ int svc_loop_run(svc_loop_t *l);
 // Ends the loop after the current turn with exit code rc (a module that cannot go on).
 void svc_loop_stop(svc_loop_t *l, int rc);
 
+// A service's whole run: a loop on s and st, reg(module, loop) registers the module's handlers,
+// the service is marked ready when ready_now (otherwise the module says when, with svc_ready),
+// then turns until stopped. Returns svc_loop_run's code.
+int svc_loop_serve(svc_t *s, store_t *st, void *module, void (*reg)(void *module, svc_loop_t *l), bool ready_now);
+
 // Counters of the loop's frame sockets.
 uint64_t svc_loop_received(const svc_loop_t *l);
 uint64_t svc_loop_rejected(const svc_loop_t *l);

@@ -36,10 +36,8 @@ int main(int argc, char **argv) {
         log_error("%s", err);
         rc = 1;
     } else {
-        svc_loop_t *l = svc_loop_new(&s, st);
-        rollout_register(r, l);
-        rc = svc_loop_run(l);
-        svc_loop_destroy(&l);
+        // ready once a verifier endpoint resolves (serve.c)
+        rc = svc_loop_serve(&s, st, r, rollout_register, false);
         rollout_close(&r);
     }
     store_destroy(&st);

@@ -195,7 +195,8 @@ static void beat(void *ctx, svc_beat_t *b) {
     metrics_set(r->s->met, r->m_tps, NULL, met_window_rate(&r->tok_win, b->up_s, (double)worker_tokens(r->w), 10.0));
 }
 
-void rollout_register(rollout_t *r, svc_loop_t *l) {
+void rollout_register(void *module, svc_loop_t *l) {
+    rollout_t *r = module;
     svc_loop_every(l, 10.0, resolve_verifiers, r);
     svc_loop_frames(l, r->work, "task", 1024, on_task, has_room, r);
     svc_loop_reader(l, r->events, on_events, r);

@@ -12,7 +12,8 @@ typedef struct rollout rollout_t;
 // connects --work, --trainer-events and --reports, and makes the socket to the verifiers.
 // NULL + err.
 rollout_t *rollout_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, char *err);
-void rollout_register(rollout_t *r, svc_loop_t *l);
+// Registers the handlers with the loop (module: the rollout_t; svc_loop_serve's reg).
+void rollout_register(void *module, svc_loop_t *l);
 void rollout_close(rollout_t **pr);
 
 #endif

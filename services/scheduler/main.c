@@ -25,11 +25,7 @@ int main(int argc, char **argv) {
         log_error("%s", err);
         rc = 1;
     } else {
-        svc_loop_t *l = svc_loop_new(&s, st);
-        scheduler_register(c, l);
-        svc_ready(&s, true, NULL);
-        rc = svc_loop_run(l);
-        svc_loop_destroy(&l);
+        rc = svc_loop_serve(&s, st, c, scheduler_register, true);
         scheduler_close(&c);
     }
     store_destroy(&st);

@@ -128,7 +128,8 @@ static void beat(void *ctx, svc_beat_t *b) {
     metrics_set(c->s->met, c->m_api_err, NULL, (double)nerr);
 }
 
-void scheduler_register(scheduler_t *c, svc_loop_t *l) {
+void scheduler_register(void *module, svc_loop_t *l) {
+    scheduler_t *c = module;
     svc_loop_idle(l, 5);
     svc_loop_reader(l, c->api_sock, on_api, c);
     svc_loop_frames(l, c->reports, "report", 1024, on_report, NULL, c);

@@ -16,7 +16,8 @@ int scheduler_settings(const svc_t *s, sched_cfg_t *cfg, const char **admin);
 // Reads the base model's config and chat template, binds --api, --work, --events, --reports,
 // restores the jobs from Redis. NULL + err.
 scheduler_t *scheduler_open(svc_t *s, store_t *st, const sched_cfg_t *cfg, const char *admin, char *err);
-void scheduler_register(scheduler_t *c, svc_loop_t *l);
+// Registers the handlers with the loop (module: the scheduler_t; svc_loop_serve's reg).
+void scheduler_register(void *module, svc_loop_t *l);
 void scheduler_close(scheduler_t **pc);
 
 #endif

@@ -44,11 +44,7 @@ int main(int argc, char **argv) {
         log_error("%s", err);
         rc = 1;
     } else {
-        svc_loop_t *l = svc_loop_new(&s, st);
-        trainer_register(t, l);
-        svc_ready(&s, true, NULL);
-        rc = svc_loop_run(l);
-        svc_loop_destroy(&l);
+        rc = svc_loop_serve(&s, st, t, trainer_register, true);
         trainer_close(&t);
     }
     store_destroy(&st);

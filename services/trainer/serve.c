@@ -252,7 +252,8 @@ static void beat(void *ctx, svc_beat_t *b) {
     metrics_set(t->s->met, t->m_sps, NULL, met_window_rate(&t->step_win, b->up_s, (double)t->steps, 10.0));
 }
 
-void trainer_register(trainer_t *t, svc_loop_t *l) {
+void trainer_register(void *module, svc_loop_t *l) {
+    trainer_t *t = module;
     t->loop = l;
     svc_loop_frames(l, t->in, "scored batch", 256, on_batch, NULL, t);
     svc_loop_work(l, work, t);

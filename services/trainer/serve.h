@@ -19,7 +19,8 @@ int trainer_run_rank(svc_t *s, const kernels_t *k, bool bf16, const dp_cfg_t *dc
 // Rank 0, the trainer service: loads --model on k (bf16 matrices when bf16), forms the data-parallel group of dc, binds
 // --trainer and --trainer-events, connects --reports. NULL + err.
 trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, const dp_cfg_t *dc, char *err);
-void trainer_register(trainer_t *t, svc_loop_t *l);
+// Registers the handlers with the loop (module: the trainer_t; svc_loop_serve's reg).
+void trainer_register(void *module, svc_loop_t *l);
 void trainer_close(trainer_t **pt);
 
 #endif

@@ -21,11 +21,7 @@ int main(int argc, char **argv) {
         log_error("%s", err);
         rc = 1;
     } else {
-        svc_loop_t *l = svc_loop_new(&s, st);
-        verifier_register(v, l);
-        svc_ready(&s, true, NULL);
-        rc = svc_loop_run(l);
-        svc_loop_destroy(&l);
+        rc = svc_loop_serve(&s, st, v, verifier_register, true);
         verifier_close(&v);
     }
     store_destroy(&st);

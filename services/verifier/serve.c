@@ -135,7 +135,8 @@ static void beat(void *ctx, svc_beat_t *b) {
     svc_beat_add(b, "pending", "%d", scorer_pending(v->sc));
 }
 
-void verifier_register(verifier_t *v, svc_loop_t *l) {
+void verifier_register(void *module, svc_loop_t *l) {
+    verifier_t *v = module;
     svc_loop_frames(l, v->in, "rollout batch", 256, on_batch, NULL, v);
     svc_loop_sockets(l, reward_sockets, v);
     svc_loop_work(l, work, v);

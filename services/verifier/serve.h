@@ -9,8 +9,8 @@ typedef struct verifier verifier_t;
 
 // Binds --verifiers, connects --trainer and --reports, starts the scorer. NULL + err.
 verifier_t *verifier_open(svc_t *s, store_t *st, char *err);
-// Registers the handlers with the loop.
-void verifier_register(verifier_t *v, svc_loop_t *l);
+// Registers the handlers with the loop (module: the verifier_t; svc_loop_serve's reg).
+void verifier_register(void *module, svc_loop_t *l);
 // The closing log line and the teardown.
 void verifier_close(verifier_t **pv);
 
