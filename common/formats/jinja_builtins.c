@@ -524,12 +524,8 @@ FILTER(dictsort) {
     return rc;
 }
 
-FILTER(escape) {
-    NOARGS("escape");
-    if (self.t == JV_STR && (self.fl & JV_MARKUP)) {
-        *out = jv_ref(self);
-        return 0;
-    }
+// self's text HTML-escaped, as markup (escape and forceescape).
+static int escaped_markup(jctx_t *c, const jnode_t *at, jv_t self, jv_t *out) {
     jv_t t;
     if (text_of(c, at, self, &t)) return -1;
     jbuf_t b;
@@ -544,20 +540,18 @@ FILTER(escape) {
     return c->failed ? -1 : 0;
 }
 
+FILTER(escape) {
+    NOARGS("escape");
+    if (self.t == JV_STR && (self.fl & JV_MARKUP)) {
+        *out = jv_ref(self);
+        return 0;
+    }
+    return escaped_markup(c, at, self, out);
+}
+
 FILTER(forceescape) {
     NOARGS("forceescape");
-    jv_t t;
-    if (text_of(c, at, self, &t)) return -1;
-    jbuf_t b;
-    jbuf_init(&b);
-    int rc = html_escape_into(c, t.u.s->p, t.u.s->len, &b);
-    jv_unref(c, t);
-    if (rc) {
-        jbuf_free(c, &b);
-        return -1;
-    }
-    *out = take(c, &b, JV_MARKUP);
-    return c->failed ? -1 : 0;
+    return escaped_markup(c, at, self, out);
 }
 
 FILTER(first) {

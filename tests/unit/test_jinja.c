@@ -715,3 +715,12 @@ Test(jinja_robustness, random_templates) {
     fprintf(stderr, "random templates: 3000 tried, %d parsed, %d rendered\n", parsed, rendered);
     cr_assert_gt(parsed, 0);
 }
+
+// escape turns text into markup once; markup passes through escape unchanged, forceescape escapes
+// it again (Jinja2's semantics).
+Test(jinja, escape_and_forceescape) {
+    expect_out("{{ s | escape }}", "{\"s\": \"<a href='x'>&\\\"</a>\"}", "&lt;a href=&#39;x&#39;&gt;&amp;&#34;&lt;/a&gt;");
+    expect_out("{{ s | escape | escape }}", "{\"s\": \"<b>\"}", "&lt;b&gt;");
+    expect_out("{{ s | escape | forceescape }}", "{\"s\": \"<b>\"}", "&amp;lt;b&amp;gt;");
+    expect_out("{{ 5 | escape }}", NULL, "5");
+}
