@@ -62,7 +62,7 @@ static jv_t take(jctx_t *c, jbuf_t *b, uint8_t fl) {
     return v;
 }
 
-static int html_escape_into(jctx_t *c, const char *s, size_t n, jbuf_t *b) {
+int jb_html_escape(jctx_t *c, const char *s, size_t n, jbuf_t *b) {
     for (size_t i = 0; i < n; i++) {
         const char *r = NULL;
         switch (s[i]) {
@@ -85,7 +85,7 @@ static int markup_arg(jctx_t *c, jv_t self, jv_t arg, jv_t *out) {
     }
     jbuf_t b;
     jbuf_init(&b);
-    if (html_escape_into(c, arg.u.s->p, arg.u.s->len, &b)) {
+    if (jb_html_escape(c, arg.u.s->p, arg.u.s->len, &b)) {
         jbuf_free(c, &b);
         return -1;
     }
@@ -530,7 +530,7 @@ static int escaped_markup(jctx_t *c, const jnode_t *at, jv_t self, jv_t *out) {
     if (text_of(c, at, self, &t)) return -1;
     jbuf_t b;
     jbuf_init(&b);
-    int rc = html_escape_into(c, t.u.s->p, t.u.s->len, &b);
+    int rc = jb_html_escape(c, t.u.s->p, t.u.s->len, &b);
     jv_unref(c, t);
     if (rc) {
         jbuf_free(c, &b);
@@ -1653,7 +1653,7 @@ static int call_str_method(jctx_t *c, const jnode_t *at, jfunc_t *f, jv_t *args,
                 break;
             }
             if (i) rc = jbuf_put(c, &buf, s->p, s->len);
-            if (!rc) rc = (m && !(x.fl & JV_MARKUP)) ? html_escape_into(c, x.u.s->p, x.u.s->len, &buf)
+            if (!rc) rc = (m && !(x.fl & JV_MARKUP)) ? jb_html_escape(c, x.u.s->p, x.u.s->len, &buf)
                                                      : jbuf_put(c, &buf, x.u.s->p, x.u.s->len);
         }
         jobj_release(c, &items->h);

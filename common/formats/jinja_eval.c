@@ -361,22 +361,6 @@ static const char *op_name(int op) {
     }
 }
 
-// MarkupSafe's escape.
-static int html_escape(jctx_t *c, const char *s, size_t n, jbuf_t *b) {
-    for (size_t i = 0; i < n; i++) {
-        const char *r = NULL;
-        switch (s[i]) {
-        case '&': r = "&amp;"; break;
-        case '<': r = "&lt;"; break;
-        case '>': r = "&gt;"; break;
-        case '"': r = "&#34;"; break;
-        case '\'': r = "&#39;"; break;
-        }
-        if (r ? jbuf_put(c, b, r, strlen(r)) : jbuf_putc(c, b, s[i])) return -1;
-    }
-    return 0;
-}
-
 static int repeat(jctx_t *c, const jnode_t *at, jv_t seq, int64_t n, jv_t *out) {
     if (n < 0) n = 0;
     if (seq.t == JV_STR) {
@@ -489,8 +473,8 @@ int jbinop(jctx_t *c, const jnode_t *at, int op, jv_t a, jv_t b, jv_t *out) {
         jbuf_t buf;
         jbuf_init(&buf);
         bool ma = a.fl & JV_MARKUP, mb = b.fl & JV_MARKUP;
-        int rc = (ma || !mb) ? jbuf_put(c, &buf, a.u.s->p, a.u.s->len) : html_escape(c, a.u.s->p, a.u.s->len, &buf);
-        if (!rc) rc = (mb || !ma) ? jbuf_put(c, &buf, b.u.s->p, b.u.s->len) : html_escape(c, b.u.s->p, b.u.s->len, &buf);
+        int rc = (ma || !mb) ? jbuf_put(c, &buf, a.u.s->p, a.u.s->len) : jb_html_escape(c, a.u.s->p, a.u.s->len, &buf);
+        if (!rc) rc = (mb || !ma) ? jbuf_put(c, &buf, b.u.s->p, b.u.s->len) : jb_html_escape(c, b.u.s->p, b.u.s->len, &buf);
         if (rc) {
             jbuf_free(c, &buf);
             return -1;

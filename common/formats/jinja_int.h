@@ -335,6 +335,8 @@ int jgetitem(jctx_t *c, const jnode_t *at, jv_t obj, jv_t key, jv_t *out);
 int jbinop(jctx_t *c, const jnode_t *at, int op, jv_t a, jv_t b, jv_t *out);
 
 // --- builtins (jinja_builtins.c) ---------------------------------------------------------------
+// MarkupSafe's escape of s[0..n) appended to b (& < > " ' as &amp; &lt; &gt; &#34; &#39;).
+int jb_html_escape(jctx_t *c, const char *s, size_t n, jbuf_t *b);
 int jb_filter_id(const char *name);                        // -1 when unknown
 int jb_test_id(const char *name);
 int jb_filter(jctx_t *c, const jnode_t *at, int id, jv_t self, jv_t *args, int nargs, const char **kwn, jv_t *kwv,
