@@ -11,6 +11,7 @@
 #include "common/rl/batch.h"
 #include "common/util/log.h"
 #include "common/rl/keys.h"
+#include "common/rl/policy.h"
 
 #define SEEN_TASKS 4096
 
@@ -264,7 +265,7 @@ int tjobs_add(tjobs_t *t, proto_batch_t *m, char *err) {
 static void drop_stale(tjob_t *j) {
     int k = 0;
     for (int i = 0; i < j->n_buf; i++) {
-        if ((int64_t)j->version - (int64_t)j->buf[i].version > j->spec.staleness) {
+        if (policy_stale(j->version, j->buf[i].version, j->spec.staleness)) {
             group_free(&j->buf[i]);
             j->dropped++;
         } else {
