@@ -132,3 +132,24 @@ void policy_step_report(uint32_t *step, uint32_t *version, uint32_t rep_step, ui
         *version = rep_version;
     }
 }
+
+// --- adapter slots -----------------------------------------------------------------------------
+
+int policy_adapter_slot(const policy_slot_t *slots, int n, const char *job, uint32_t version, bool *hit) {
+    int pick = -1;
+    double oldest = 1e300;
+    *hit = false;
+    for (int i = 0; i < n; i++) {
+        const policy_slot_t *s = &slots[i];
+        if (s->loaded && s->version == version && !strcmp(s->job, job)) {
+            *hit = true;
+            return i;
+        }
+        // an empty slot beats any loaded one (oldest -1); among loaded ones the oldest use
+        if (s->refs == 0 && (!s->loaded || s->last_used < oldest)) {
+            oldest = s->loaded ? s->last_used : -1.0;
+            pick = i;
+        }
+    }
+    return pick;
+}

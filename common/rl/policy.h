@@ -142,4 +142,19 @@ policy_result_t policy_result(policy_leases_t *t, uint64_t id, int eval_round, p
 // A step report: step and version move to the report's when either is ahead of the job's.
 void policy_step_report(uint32_t *step, uint32_t *version, uint32_t rep_step, uint32_t rep_version);
 
+// --- adapter slots (the rollout's LoRA pool) --------------------------------------------------
+
+typedef struct {
+    char job[PROTO_MAX_ID];
+    uint32_t version;
+    int refs;              // tasks using the slot
+    bool loaded;
+    double last_used;
+} policy_slot_t;
+
+// The slot for version `version` of job's adapter: the one that holds it (*hit); else an empty
+// slot; else the least recently used slot no task uses (the caller loads the adapter into it,
+// evicting what it held); -1 when every slot is in use (the task waits).
+int policy_adapter_slot(const policy_slot_t *slots, int n, const char *job, uint32_t version, bool *hit);
+
 #endif

@@ -8,14 +8,9 @@
 #include "common/tasks/env.h"
 #include "common/util/log.h"
 #include "common/rl/keys.h"
+#include "common/rl/policy.h"
 
-typedef struct {
-    char job[PROTO_MAX_ID];
-    uint32_t version;
-    int refs;              // tasks using it
-    bool loaded;
-    double last_used;
-} aslot_t;
+typedef policy_slot_t aslot_t;   // an adapter slot: what it holds, who uses it (policy.h)
 
 // A tool call ends a model turn of a multi-turn episode (the environment answers it).
 #define CALL_END ENV_CALL_END
@@ -167,19 +162,12 @@ static int load_adapter(worker_t *w, int s, const char *job, uint32_t version, c
 
 // Finds or loads the adapter a task needs; -1 when no slot is free (task waits), -2 on error.
 static int acquire(worker_t *w, wtask_t *k) {
-    int free_slot = -1;
-    double oldest = 1e300;
-    for (int i = 0; i < w->n_slots; i++) {
-        aslot_t *s = &w->slots[i];
-        if (s->loaded && s->version == k->t.adapter_version && !strcmp(s->job, k->t.job)) {
-            s->refs++;
-            s->last_used = util_now();
-            return i;
-        }
-        if (s->refs == 0 && (!s->loaded || s->last_used < oldest)) {
-            oldest = s->loaded ? s->last_used : -1.0;
-            free_slot = i;
-        }
+    bool hit;
+    int free_slot = policy_adapter_slot(w->slots, w->n_slots, k->t.job, k->t.adapter_version, &hit);
+    if (hit) {
+        w->slots[free_slot].refs++;
+        w->slots[free_slot].last_used = util_now();
+        return free_slot;
     }
     if (free_slot < 0) return -1;
     if (w->slots[free_slot].loaded)

@@ -3,6 +3,7 @@
 // expiry at its deadline and re-issue, reports applied once.
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -383,4 +384,45 @@ Test(policy, step_reports_only_move_forward) {
     cr_assert(step == 3 && version == 3);
     policy_step_report(&step, &version, 5, 5);
     cr_assert(step == 5 && version == 5);
+}
+
+// --- adapter slots ------------------------------------------------------------------------------
+
+static policy_slot_t slot_of(const char *job, uint32_t version, int refs, double last_used) {
+    policy_slot_t s = {.version = version, .refs = refs, .loaded = true, .last_used = last_used};
+    snprintf(s.job, sizeof s.job, "%s", job);
+    return s;
+}
+
+// A held adapter is found where it is; otherwise an empty slot is taken before any loaded one,
+// then the least recently used slot that no task uses; a slot in use is never evicted.
+Test(policy, adapter_slots_lru) {
+    bool hit;
+    policy_slot_t s[4] = {slot_of("j-1", 3, 0, 10), slot_of("j-2", 1, 2, 1), slot_of("j-3", 7, 0, 5), {.loaded = false}};
+    cr_assert_eq(policy_adapter_slot(s, 4, "j-3", 7, &hit), 2);
+    cr_assert(hit);
+    cr_assert_eq(policy_adapter_slot(s, 4, "j-3", 8, &hit), 3, "another version: the empty slot");
+    cr_assert(!hit);
+    s[3] = slot_of("j-4", 1, 1, 20);
+    cr_assert_eq(policy_adapter_slot(s, 4, "j-5", 1, &hit), 2, "the oldest unused slot (j-2's is older but in use)");
+    cr_assert(!hit);
+    s[2].refs = 1;
+    cr_assert_eq(policy_adapter_slot(s, 4, "j-5", 1, &hit), 0);
+    s[0].refs = 1;
+    cr_assert_eq(policy_adapter_slot(s, 4, "j-5", 1, &hit), -1, "every slot in use: the task waits");
+    cr_assert_eq(policy_adapter_slot(s, 4, "j-1", 3, &hit), 0, "a held adapter is shared even while in use");
+    cr_assert(hit);
+    // over many uses, the evicted slot is always the least recently used unused one
+    policy_slot_t t[8];
+    for (int i = 0; i < 8; i++) t[i] = slot_of("x", (uint32_t)i, 0, i);
+    for (int round = 0; round < 100; round++) {
+        int want = 0;
+        for (int i = 1; i < 8; i++)
+            if (t[i].last_used < t[want].last_used) want = i;
+        char job[16];
+        snprintf(job, sizeof job, "n-%d", round);
+        int got = policy_adapter_slot(t, 8, job, 0, &hit);
+        cr_assert_eq(got, want, "round %d", round);
+        t[got] = slot_of(job, 0, 0, 100 + round);
+    }
 }
