@@ -85,12 +85,7 @@ static int markup_arg(jctx_t *c, jv_t self, jv_t arg, jv_t *out) {
     }
     jbuf_t b;
     jbuf_init(&b);
-    if (jb_html_escape(c, arg.u.s->p, arg.u.s->len, &b)) {
-        jbuf_free(c, &b);
-        return -1;
-    }
-    *out = take(c, &b, JV_MARKUP);
-    return c->failed ? -1 : 0;
+    return jbuf_finish(c, &b, jb_html_escape(c, arg.u.s->p, arg.u.s->len, &b), JV_MARKUP, out);
 }
 
 // --- string helpers ----------------------------------------------------------------------------
@@ -131,12 +126,7 @@ static int case_value(jctx_t *c, const jnode_t *at, jv_t self, int mode, bool ke
     int rc = map_case(c, t.u.s, mode, &b);
     uint8_t fl = keep_markup ? t.fl : 0;
     jv_unref(c, t);
-    if (rc) {
-        jbuf_free(c, &b);
-        return -1;
-    }
-    *out = take(c, &b, fl);
-    return c->failed ? -1 : 0;
+    return jbuf_finish(c, &b, rc, fl, out);
 }
 
 static bool in_chars(const jstr_t *chars, uint32_t cp) {
@@ -532,12 +522,7 @@ static int escaped_markup(jctx_t *c, const jnode_t *at, jv_t self, jv_t *out) {
     jbuf_init(&b);
     int rc = jb_html_escape(c, t.u.s->p, t.u.s->len, &b);
     jv_unref(c, t);
-    if (rc) {
-        jbuf_free(c, &b);
-        return -1;
-    }
-    *out = take(c, &b, JV_MARKUP);
-    return c->failed ? -1 : 0;
+    return jbuf_finish(c, &b, rc, JV_MARKUP, out);
 }
 
 FILTER(escape) {
@@ -736,12 +721,7 @@ FILTER(indent) {
     uint8_t fl = t.fl;
     jv_unref(c, t);
     jbuf_free(c, &ind);
-    if (rc) {
-        jbuf_free(c, &b);
-        return -1;
-    }
-    *out = take(c, &b, fl);
-    return c->failed ? -1 : 0;
+    return jbuf_finish(c, &b, rc, fl, out);
 }
 
 FILTER(items) {
@@ -786,12 +766,7 @@ FILTER(join) {
     }
     jobj_release(c, &items->h);
     jv_unref(c, sept);
-    if (rc) {
-        jbuf_free(c, &b);
-        return -1;
-    }
-    *out = jbuf_take_str(c, &b);
-    return c->failed ? -1 : 0;
+    return jbuf_finish(c, &b, rc, 0, out);
 }
 
 FILTER(list) {
@@ -963,12 +938,7 @@ FILTER(replace) {
     jv_unref(c, s);
     jv_unref(c, o);
     jv_unref(c, n);
-    if (rc) {
-        jbuf_free(c, &b);
-        return -1;
-    }
-    *out = jbuf_take_str(c, &b);
-    return c->failed ? -1 : 0;
+    return jbuf_finish(c, &b, rc, 0, out);
 }
 
 FILTER(reverse) {
@@ -981,12 +951,7 @@ FILTER(reverse) {
         int rc = 0;
         for (size_t i = chars->n; i-- > 0 && !rc;) rc = jbuf_put(c, &b, chars->v[i].u.s->p, chars->v[i].u.s->len);
         jobj_release(c, &chars->h);
-        if (rc) {
-            jbuf_free(c, &b);
-            return -1;
-        }
-        *out = take(c, &b, self.fl);
-        return c->failed ? -1 : 0;
+        return jbuf_finish(c, &b, rc, self.fl, out);
     }
     bool gen = self.t == JV_LIST && self.u.l->kind == JL_GEN;
     if (!(self.t == JV_UNDEF || self.t == JV_LIST || (self.t == JV_DICT && !self.u.d->ns)))
@@ -1581,12 +1546,7 @@ static int call_str_method(jctx_t *c, const jnode_t *at, jfunc_t *f, jv_t *args,
         rc = replace(c, s, o.u.s, n.u.s, count, &buf);
         jv_unref(c, o);
         jv_unref(c, n);
-        if (rc) {
-            jbuf_free(c, &buf);
-            return -1;
-        }
-        *out = take(c, &buf, m ? JV_MARKUP : 0);
-        return c->failed ? -1 : 0;
+        return jbuf_finish(c, &buf, rc, m ? JV_MARKUP : 0, out);
     }
     case M_STARTSWITH:
     case M_ENDSWITH: {
@@ -1657,12 +1617,7 @@ static int call_str_method(jctx_t *c, const jnode_t *at, jfunc_t *f, jv_t *args,
                                                      : jbuf_put(c, &buf, x.u.s->p, x.u.s->len);
         }
         jobj_release(c, &items->h);
-        if (rc) {
-            jbuf_free(c, &buf);
-            return -1;
-        }
-        *out = take(c, &buf, m ? JV_MARKUP : 0);
-        return c->failed ? -1 : 0;
+        return jbuf_finish(c, &buf, rc, m ? JV_MARKUP : 0, out);
     }
     }
     return jerr(c, at, "unsupported string method");

@@ -327,13 +327,7 @@ static int do_slice(jctx_t *c, const jnode_t *at, jv_t obj, jv_t *se, jv_t *out)
             free(offs);
             c->mem -= bytes;
         }
-        if (rc) {
-            jbuf_free(c, &b);
-            return -1;
-        }
-        *out = jbuf_take_str(c, &b);
-        out->fl = obj.fl;
-        return c->failed ? -1 : 0;
+        return jbuf_finish(c, &b, rc, obj.fl, out);
     }
     jlist_t *l = obj.u.l;
     jlist_t *r = jlist_new(c, NULL, l->kind, 0);
@@ -375,13 +369,7 @@ static int repeat(jctx_t *c, const jnode_t *at, jv_t seq, int64_t n, jv_t *out) 
             size_t k = b.len < total - b.len ? b.len : total - b.len;
             rc = jbuf_put(c, &b, b.p, k);
         }
-        if (rc) {
-            jbuf_free(c, &b);
-            return -1;
-        }
-        *out = jbuf_take_str(c, &b);
-        out->fl = seq.fl;
-        return c->failed ? -1 : 0;
+        return jbuf_finish(c, &b, rc, seq.fl, out);
     }
     jlist_t *l = seq.u.l;
     if (n && l->n && (uint64_t)n > (uint64_t)c->lim.max_steps / l->n)
@@ -475,13 +463,7 @@ int jbinop(jctx_t *c, const jnode_t *at, int op, jv_t a, jv_t b, jv_t *out) {
         bool ma = a.fl & JV_MARKUP, mb = b.fl & JV_MARKUP;
         int rc = (ma || !mb) ? jbuf_put(c, &buf, a.u.s->p, a.u.s->len) : jb_html_escape(c, a.u.s->p, a.u.s->len, &buf);
         if (!rc) rc = (mb || !ma) ? jbuf_put(c, &buf, b.u.s->p, b.u.s->len) : jb_html_escape(c, b.u.s->p, b.u.s->len, &buf);
-        if (rc) {
-            jbuf_free(c, &buf);
-            return -1;
-        }
-        *out = jbuf_take_str(c, &buf);
-        if (ma || mb) out->fl = JV_MARKUP;
-        return c->failed ? -1 : 0;
+        return jbuf_finish(c, &buf, rc, (ma || mb) ? JV_MARKUP : 0, out);
     }
     if (op == '+' && a.t == JV_LIST && b.t == JV_LIST && a.u.l->kind == b.u.l->kind &&
         (a.u.l->kind == JL_LIST || a.u.l->kind == JL_TUPLE)) {
@@ -625,12 +607,7 @@ static int call_macro(jctx_t *c, const jnode_t *at, jfunc_t *f, jv_t *args, int 
     c->depth--;
     c->scope = saved;
     scope_pop(c, s);
-    if (rc) {
-        jbuf_free(c, &b);
-        return -1;
-    }
-    *out = jbuf_take_str(c, &b);
-    return c->failed ? -1 : 0;
+    return jbuf_finish(c, &b, rc, 0, out);
 }
 
 int jcall(jctx_t *c, const jnode_t *at, jv_t fn, jv_t *args, int nargs, const char **kwn, jv_t *kwv, int nkw,
@@ -901,12 +878,7 @@ static int capture(jctx_t *c, jnode_t *const *body, int n, jv_t *out) {
     int rc = ex_body(c, body, n, &b);
     c->scope = saved;
     scope_pop(c, s);
-    if (rc) {
-        jbuf_free(c, &b);
-        return -1;
-    }
-    *out = jbuf_take_str(c, &b);
-    return c->failed ? -1 : 0;
+    return jbuf_finish(c, &b, rc, 0, out);
 }
 
 static int apply_hole(jctx_t *c, const jnode_t *chain, jv_t v, jv_t *out) {

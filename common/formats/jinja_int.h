@@ -296,6 +296,9 @@ int jbuf_reserve(jctx_t *c, jbuf_t *b, size_t n);          // room for n more by
 int jbuf_printf(jctx_t *c, jbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void jbuf_free(jctx_t *c, jbuf_t *b);
 jv_t jbuf_take_str(jctx_t *c, jbuf_t *b);                  // the buffer as a string value; frees b
+// Ends a string built in b: rc != 0 (the building failed) frees b and returns -1; else *out is
+// the string with flags fl, and the result is -1 when the context has failed.
+int jbuf_finish(jctx_t *c, jbuf_t *b, int rc, uint8_t fl, jv_t *out);
 int jv_to_str(jctx_t *c, const jnode_t *at, jv_t v, jbuf_t *b);   // Python str()
 int jv_repr(jctx_t *c, const jnode_t *at, jv_t v, jbuf_t *b);     // Python repr()
 int jv_stringify(jctx_t *c, const jnode_t *at, jv_t v, jv_t *out); // str() as a value (keeps strings)

@@ -590,6 +590,16 @@ jv_t jbuf_take_str(jctx_t *c, jbuf_t *b) {
     return v;
 }
 
+int jbuf_finish(jctx_t *c, jbuf_t *b, int rc, uint8_t fl, jv_t *out) {
+    if (rc) {
+        jbuf_free(c, b);
+        return -1;
+    }
+    *out = jbuf_take_str(c, b);
+    out->fl = fl;
+    return c->failed ? -1 : 0;
+}
+
 // --- printing ----------------------------------------------------------------------------------
 void jfmt_float(double f, char *out, size_t n) {
     if (isnan(f)) {
