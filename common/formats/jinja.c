@@ -1104,14 +1104,15 @@ static jnode_t *parse_not(parser_t *P) {
     return parse_compare(P);
 }
 
-static jnode_t *parse_and(parser_t *P) {
-    jnode_t *l = parse_not(P);
-    while (l && is_name(P, "and")) {
+// operand (NAME operand)*, left-associative: `and` over `not` terms, `or` over `and` terms.
+static jnode_t *parse_chain(parser_t *P, const char *name, int kind, jnode_t *(*operand)(parser_t *)) {
+    jnode_t *l = operand(P);
+    while (l && is_name(P, name)) {
         tok_t *t = cur(P);
         adv(P);
-        jnode_t *r = parse_not(P);
+        jnode_t *r = operand(P);
         if (!r) return NULL;
-        jnode_t *n = node(P, E_AND, t);
+        jnode_t *n = node(P, kind, t);
         n->a = l;
         n->b = r;
         l = n;
@@ -1119,20 +1120,8 @@ static jnode_t *parse_and(parser_t *P) {
     return l;
 }
 
-static jnode_t *parse_or(parser_t *P) {
-    jnode_t *l = parse_and(P);
-    while (l && is_name(P, "or")) {
-        tok_t *t = cur(P);
-        adv(P);
-        jnode_t *r = parse_and(P);
-        if (!r) return NULL;
-        jnode_t *n = node(P, E_OR, t);
-        n->a = l;
-        n->b = r;
-        l = n;
-    }
-    return l;
-}
+static jnode_t *parse_and(parser_t *P) { return parse_chain(P, "and", E_AND, parse_not); }
+static jnode_t *parse_or(parser_t *P) { return parse_chain(P, "or", E_OR, parse_and); }
 
 static jnode_t *parse_condexpr(parser_t *P) {
     tok_t *t = cur(P);
