@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/engine/sampler.h"
+#include "common/util/rng.h"
 #include "common/formats/safetensors.h"
 
 void lora_target_dims(const hf_config_t *m, lora_target_t t, int *in, int *out) {
@@ -72,10 +72,8 @@ static lora_t *alloc_adapter(const hf_config_t *m, const peft_config_t *c, const
     return a;
 }
 
-lora_t *lora_new(const hf_config_t *m, const peft_config_t *c, const kernels_t *k, uint64_t seed, char *err) {
-    lora_t *a = alloc_adapter(m, c, k, err);
-    if (!a) return NULL;
-    float *host = xcalloc(a->n_params, sizeof(float));
+// The initial values of an adapter: A uniform in +-1/sqrt(in) from the seed, B = 0 (host arena).
+static void initial_values(float *host, const hf_config_t *m, const peft_config_t *c, uint64_t seed) {
     float *A[LORA_N_TARGETS], *B[LORA_N_TARGETS];
     lora_point(A, B, host, m, c);
     rng_t r;
@@ -88,6 +86,13 @@ lora_t *lora_new(const hf_config_t *m, const peft_config_t *c, const kernels_t *
         size_t n = (size_t)m->num_hidden_layers * c->r * in;
         for (size_t i = 0; i < n; i++) A[t][i] = (2.0f * rng_uniform(&r) - 1.0f) * bound;
     }
+}
+
+lora_t *lora_new(const hf_config_t *m, const peft_config_t *c, const kernels_t *k, uint64_t seed, char *err) {
+    lora_t *a = alloc_adapter(m, c, k, err);
+    if (!a) return NULL;
+    float *host = xcalloc(a->n_params, sizeof(float));
+    initial_values(host, m, c, seed);
     k->to_dev(a->params, host, a->n_params * sizeof(float));
     free(host);
     return a;
@@ -234,8 +239,8 @@ lora_t *lora_load(const char *dir, const hf_config_t *m, const kernels_t *k, cha
     return a;
 }
 
-int lora_serialize(const lora_t *a, uint8_t **buf, size_t *len, char *err) {
-    float *host = peft_host_copy(a);
+// The blob of an adapter whose values are `peft` (host, PEFT layout); a's device arena is not read.
+static int serialize_host(const lora_t *a, float *peft, uint8_t **buf, size_t *len, char *err) {
     st_writer_t *w = st_writer_new();
     char v[64];
     snprintf(v, sizeof v, "%d", a->cfg.r);
@@ -244,10 +249,30 @@ int lora_serialize(const lora_t *a, uint8_t **buf, size_t *len, char *err) {
     st_writer_metadata(w, "lora_alpha", v);
     snprintf(v, sizeof v, "%u", a->cfg.targets);
     st_writer_metadata(w, "lora_targets", v);
-    add_tensors(w, a, host);
+    add_tensors(w, a, peft);
     int rc = st_writer_serialize(w, buf, len, err);
     st_writer_destroy(&w);
+    return rc;
+}
+
+int lora_serialize(const lora_t *a, uint8_t **buf, size_t *len, char *err) {
+    float *host = peft_host_copy(a);
+    int rc = serialize_host(a, host, buf, len, err);
     free(host);
+    return rc;
+}
+
+int lora_initial_serialize(const hf_config_t *m, const peft_config_t *c, uint64_t seed, uint8_t **buf, size_t *len,
+                           char *err) {
+    if (validate_cfg(c, err)) return -1;
+    // a header only: the values live on the host, so no backend is needed
+    lora_t a = {.cfg = *c, .model = *m, .n_layers = m->num_hidden_layers, .n_params = lora_param_count(m, c)};
+    float *mem = xcalloc(a.n_params, sizeof(float)), *peft = xmalloc(a.n_params * sizeof(float));
+    initial_values(mem, m, c, seed);
+    to_peft_layout(peft, mem, &a);
+    int rc = serialize_host(&a, peft, buf, len, err);
+    free(mem);
+    free(peft);
     return rc;
 }
 

@@ -49,6 +49,10 @@ lora_t *lora_load(const char *dir, const hf_config_t *m, const kernels_t *k, cha
 int lora_save(const lora_t *a, const char *dir, char *err);
 // Self-contained safetensors image (r, alpha and targets in __metadata__) for Redis blobs.
 int lora_serialize(const lora_t *a, uint8_t **buf, size_t *len, char *err);
+// The blob of lora_new(m, c, any backend, seed), byte for byte, built on the host: a job's version
+// 0 is made by the scheduler at submission without a backend (it links no BLAS).
+int lora_initial_serialize(const hf_config_t *m, const peft_config_t *c, uint64_t seed, uint8_t **buf, size_t *len,
+                           char *err);
 lora_t *lora_deserialize(const void *buf, size_t len, const hf_config_t *m, const kernels_t *k, char *err);
 lora_t *lora_clone(const lora_t *a);
 void lora_destroy(lora_t **a);

@@ -59,6 +59,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <msgpack.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -448,192 +449,77 @@ void proto_batch_free(proto_batch_t *m) {
 // ---------------------------------------------------------------------------------------------
 // "report"
 
-enum { RE_T, RE_V, RE_KIND, RE_JOB, RE_SRC, RE_TASK, RE_TK, RE_N_, RE_RSUM, RE_CORRECT, RE_ERRORS, RE_STEP, RE_VER,
-       RE_ERROR, RE_N };
-static const char *const proto_report_keys[RE_N] = {"t", "v", "kind", "job", "src", "task", "tk", "n", "rsum",
-                                                    "correct", "errors", "step", "ver", "error"};
+_Static_assert(sizeof(proto_report_kind_t) == sizeof(int) && sizeof(proto_kind_t) == sizeof(int),
+               "PROTO_F_ENUM members are int-sized");
 
-int proto_report_encode(const proto_report_t *m, proto_buf_t *out) {
-    if (!m || !out) return -1;
-    proto_enc_t e;
-    proto_enc_begin(&e, out, "report", RE_N - 2);
-    proto_enc_key(&e, "kind");
-    if (m->kind < PROTO_REP_EPISODES) e.bad = true;
-    proto_enc_uint(&e, (uint64_t)m->kind, PROTO_REP_TASK_FAILED);
-    proto_enc_key(&e, "job");
-    proto_enc_str(&e, m->job, PROTO_ID_LEN, false);
-    proto_enc_key(&e, "src");
-    proto_enc_str(&e, m->source, PROTO_ID_LEN, false);
-    proto_enc_key(&e, "task");
-    proto_enc_uint(&e, m->task_id, UINT64_MAX);
-    proto_enc_key(&e, "tk");
-    proto_enc_uint(&e, (uint64_t)m->task_kind, PROTO_KIND_EVAL);
-    proto_enc_key(&e, "n");
-    proto_enc_uint(&e, m->n, UINT32_MAX);
-    proto_enc_key(&e, "rsum");
-    proto_enc_f64(&e, m->reward_sum);
-    proto_enc_key(&e, "correct");
-    proto_enc_uint(&e, m->correct, UINT32_MAX);
-    proto_enc_key(&e, "errors");
-    proto_enc_uint(&e, m->errors, UINT32_MAX);
-    proto_enc_key(&e, "step");
-    proto_enc_uint(&e, m->step, UINT32_MAX);
-    proto_enc_key(&e, "ver");
-    proto_enc_uint(&e, m->adapter_version, UINT32_MAX);
-    proto_enc_key(&e, "error");
-    proto_enc_str(&e, m->error, PROTO_MAX_STR, true);
-    return proto_enc_end(&e);
-}
+#define U64(st, m, name) {name, PROTO_F_U64, offsetof(st, m), 0, UINT64_MAX, false, 0}
+#define U32(st, m, name, lo, hi) {name, PROTO_F_U32, offsetof(st, m), lo, hi, false, 0}
+#define ENUM(st, m, name, lo, hi) {name, PROTO_F_ENUM, offsetof(st, m), lo, hi, false, 0}
+#define F64(st, m, name) {name, PROTO_F_F64, offsetof(st, m), 0, 0, false, 0}
+#define STR(st, m, name, max) {name, PROTO_F_STR, offsetof(st, m), 0, max, false, 0}
+#define STR_OR_NIL(st, m, name, max) {name, PROTO_F_STR, offsetof(st, m), 0, max, true, 0}
+#define STRS(st, m, count, name, n_max, max) {name, PROTO_F_STRS, offsetof(st, m), n_max, max, false, offsetof(st, count)}
+#define ARGS(st, m, name) {name, PROTO_F_ARGS, offsetof(st, m), 0, 0, false, 0}
 
+static const proto_msg_t report_msg = {"report", sizeof(proto_report_t), 12, {
+    ENUM(proto_report_t, kind, "kind", PROTO_REP_EPISODES, PROTO_REP_TASK_FAILED),
+    STR(proto_report_t, job, "job", PROTO_ID_LEN),
+    STR(proto_report_t, source, "src", PROTO_ID_LEN),
+    U64(proto_report_t, task_id, "task"),
+    ENUM(proto_report_t, task_kind, "tk", PROTO_KIND_TRAIN, PROTO_KIND_EVAL),
+    U32(proto_report_t, n, "n", 0, UINT32_MAX),
+    F64(proto_report_t, reward_sum, "rsum"),
+    U32(proto_report_t, correct, "correct", 0, UINT32_MAX),
+    U32(proto_report_t, errors, "errors", 0, UINT32_MAX),
+    U32(proto_report_t, step, "step", 0, UINT32_MAX),
+    U32(proto_report_t, adapter_version, "ver", 0, UINT32_MAX),
+    STR_OR_NIL(proto_report_t, error, "error", PROTO_MAX_STR),
+}};
+
+int proto_report_encode(const proto_report_t *m, proto_buf_t *out) { return proto_msg_encode(&report_msg, m, out); }
 int proto_report_decode(const void *frame, size_t len, proto_report_t *m, char *err) {
-    const proto_dec_t d = {"report", err};
-    msgpack_unpacked u;
-    msgpack_unpacked_init(&u);
-    memset(m, 0, sizeof *m);
-    const msgpack_object *f[RE_N];
-    uint64_t kind = 0, tk = 0;
-    if (proto_open(&d, frame, len, &u, proto_report_keys, RE_N, f)) goto fail;
-    if (proto_get_uint(&d, f[RE_KIND], "", "kind", PROTO_REP_EPISODES, PROTO_REP_TASK_FAILED, &kind) ||
-        proto_get_str(&d, f[RE_JOB], "", "job", PROTO_ID_LEN, false, &m->job) ||
-        proto_get_str(&d, f[RE_SRC], "", "src", PROTO_ID_LEN, false, &m->source) ||
-        proto_get_uint(&d, f[RE_TASK], "", "task", 0, UINT64_MAX, &m->task_id) ||
-        proto_get_uint(&d, f[RE_TK], "", "tk", PROTO_KIND_TRAIN, PROTO_KIND_EVAL, &tk) ||
-        proto_get_u32(&d, f[RE_N_], "", "n", 0, UINT32_MAX, &m->n) ||
-        proto_get_num(&d, f[RE_RSUM], "", "rsum", false, &m->reward_sum) ||
-        proto_get_u32(&d, f[RE_CORRECT], "", "correct", 0, UINT32_MAX, &m->correct) ||
-        proto_get_u32(&d, f[RE_ERRORS], "", "errors", 0, UINT32_MAX, &m->errors) ||
-        proto_get_u32(&d, f[RE_STEP], "", "step", 0, UINT32_MAX, &m->step) ||
-        proto_get_u32(&d, f[RE_VER], "", "ver", 0, UINT32_MAX, &m->adapter_version) ||
-        proto_get_str(&d, f[RE_ERROR], "", "error", PROTO_MAX_STR, true, &m->error))
-        goto fail;
-    m->kind = (proto_report_kind_t)kind;
-    m->task_kind = (proto_kind_t)tk;
-    msgpack_unpacked_destroy(&u);
-    return 0;
-fail:
-    msgpack_unpacked_destroy(&u);
-    proto_report_free(m);
-    return -1;
+    return proto_msg_decode(&report_msg, frame, len, m, err);
 }
-
-void proto_report_free(proto_report_t *m) {
-    if (!m) return;
-    free(m->job);
-    free(m->source);
-    free(m->error);
-    memset(m, 0, sizeof *m);
-}
+void proto_report_free(proto_report_t *m) { proto_msg_free(&report_msg, m); }
 
 // ---------------------------------------------------------------------------------------------
 // "adapter"
 
-enum { AD_T, AD_V, AD_JOB, AD_VER, AD_STEP, AD_N };
-static const char *const proto_adapter_keys[AD_N] = {"t", "v", "job", "ver", "step"};
+static const proto_msg_t adapter_msg = {"adapter", sizeof(proto_adapter_event_t), 3, {
+    STR(proto_adapter_event_t, job, "job", PROTO_ID_LEN),
+    U32(proto_adapter_event_t, version, "ver", 0, UINT32_MAX),
+    U32(proto_adapter_event_t, step, "step", 0, UINT32_MAX),
+}};
 
 int proto_adapter_event_encode(const proto_adapter_event_t *m, proto_buf_t *out) {
-    if (!m || !out) return -1;
-    proto_enc_t e;
-    proto_enc_begin(&e, out, "adapter", AD_N - 2);
-    proto_enc_key(&e, "job");
-    proto_enc_str(&e, m->job, PROTO_ID_LEN, false);
-    proto_enc_key(&e, "ver");
-    proto_enc_uint(&e, m->version, UINT32_MAX);
-    proto_enc_key(&e, "step");
-    proto_enc_uint(&e, m->step, UINT32_MAX);
-    return proto_enc_end(&e);
+    return proto_msg_encode(&adapter_msg, m, out);
 }
-
 int proto_adapter_event_decode(const void *frame, size_t len, proto_adapter_event_t *m, char *err) {
-    const proto_dec_t d = {"adapter", err};
-    msgpack_unpacked u;
-    msgpack_unpacked_init(&u);
-    memset(m, 0, sizeof *m);
-    const msgpack_object *f[AD_N];
-    if (proto_open(&d, frame, len, &u, proto_adapter_keys, AD_N, f) ||
-        proto_get_str(&d, f[AD_JOB], "", "job", PROTO_ID_LEN, false, &m->job) ||
-        proto_get_u32(&d, f[AD_VER], "", "ver", 0, UINT32_MAX, &m->version) ||
-        proto_get_u32(&d, f[AD_STEP], "", "step", 0, UINT32_MAX, &m->step))
-        goto fail;
-    msgpack_unpacked_destroy(&u);
-    return 0;
-fail:
-    msgpack_unpacked_destroy(&u);
-    proto_adapter_event_free(m);
-    return -1;
+    return proto_msg_decode(&adapter_msg, frame, len, m, err);
 }
-
-void proto_adapter_event_free(proto_adapter_event_t *m) {
-    if (!m) return;
-    free(m->job);
-    memset(m, 0, sizeof *m);
-}
+void proto_adapter_event_free(proto_adapter_event_t *m) { proto_msg_free(&adapter_msg, m); }
 
 // ---------------------------------------------------------------------------------------------
 // "reward_req" / "reward_rep"
 
-enum { RQ_T, RQ_V, RQ_ID, RQ_JOB, RQ_PROMPT, RQ_COMPLETIONS, RQ_META, RQ_N };
-static const char *const proto_reward_req_keys[RQ_N] = {"t", "v", "id", "job", "prompt", "completions", "meta"};
 enum { RP_T, RP_V, RP_ID, RP_REWARDS, RP_ERROR, RP_N };
 static const char *const proto_reward_rep_keys[RP_N] = {"t", "v", "id", "rewards", "error"};
 
+static const proto_msg_t reward_req_msg = {"reward_req", sizeof(proto_reward_req_t), 5, {
+    U64(proto_reward_req_t, id, "id"),
+    STR(proto_reward_req_t, job, "job", PROTO_ID_LEN),
+    STR(proto_reward_req_t, prompt, "prompt", PROTO_MAX_TEXT),
+    STRS(proto_reward_req_t, completions, n, "completions", PROTO_MAX_SAMPLES, PROTO_MAX_TEXT),
+    STR_OR_NIL(proto_reward_req_t, meta, "meta", PROTO_MAX_STR),
+}};
+
 int proto_reward_req_encode(const proto_reward_req_t *m, proto_buf_t *out) {
-    if (!m || !out) return -1;
-    proto_enc_t e;
-    proto_enc_begin(&e, out, "reward_req", RQ_N - 2);
-    proto_enc_key(&e, "id");
-    proto_enc_uint(&e, m->id, UINT64_MAX);
-    proto_enc_key(&e, "job");
-    proto_enc_str(&e, m->job, PROTO_ID_LEN, false);
-    proto_enc_key(&e, "prompt");
-    proto_enc_str(&e, m->prompt, PROTO_MAX_TEXT, false);
-    proto_enc_key(&e, "completions");
-    proto_enc_array(&e, m->n, PROTO_MAX_SAMPLES, m->completions);
-    for (uint32_t i = 0; i < m->n && !e.bad; i++) proto_enc_str(&e, m->completions[i], PROTO_MAX_TEXT, false);
-    proto_enc_key(&e, "meta");
-    proto_enc_str(&e, m->meta, PROTO_MAX_STR, true);
-    return proto_enc_end(&e);
+    return proto_msg_encode(&reward_req_msg, m, out);
 }
-
 int proto_reward_req_decode(const void *frame, size_t len, proto_reward_req_t *m, char *err) {
-    const proto_dec_t d = {"reward_req", err};
-    msgpack_unpacked u;
-    msgpack_unpacked_init(&u);
-    memset(m, 0, sizeof *m);
-    const msgpack_object *f[RQ_N];
-    const msgpack_object_array *c = NULL;
-    if (proto_open(&d, frame, len, &u, proto_reward_req_keys, RQ_N, f) ||
-        proto_get_uint(&d, f[RQ_ID], "", "id", 0, UINT64_MAX, &m->id) ||
-        proto_get_str(&d, f[RQ_JOB], "", "job", PROTO_ID_LEN, false, &m->job) ||
-        proto_get_str(&d, f[RQ_PROMPT], "", "prompt", PROTO_MAX_TEXT, false, &m->prompt) ||
-        proto_get_array(&d, f[RQ_COMPLETIONS], "", "completions", PROTO_MAX_SAMPLES, &c))
-        goto fail;
-    if (c->size) {
-        m->completions = xcalloc(c->size, sizeof *m->completions);
-        m->n = c->size;
-    }
-    for (uint32_t i = 0; i < c->size; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "completions[%" PRIu32 "]", i);
-        if (proto_get_str(&d, &c->ptr[i], "", name, PROTO_MAX_TEXT, false, &m->completions[i])) goto fail;
-    }
-    if (proto_get_str(&d, f[RQ_META], "", "meta", PROTO_MAX_STR, true, &m->meta)) goto fail;
-    msgpack_unpacked_destroy(&u);
-    return 0;
-fail:
-    msgpack_unpacked_destroy(&u);
-    proto_reward_req_free(m);
-    return -1;
+    return proto_msg_decode(&reward_req_msg, frame, len, m, err);
 }
-
-void proto_reward_req_free(proto_reward_req_t *m) {
-    if (!m) return;
-    for (uint32_t i = 0; m->completions && i < m->n; i++) free(m->completions[i]);
-    free(m->completions);
-    free(m->job);
-    free(m->prompt);
-    free(m->meta);
-    memset(m, 0, sizeof *m);
-}
+void proto_reward_req_free(proto_reward_req_t *m) { proto_msg_free(&reward_req_msg, m); }
 
 int proto_reward_rep_encode(const proto_reward_rep_t *m, proto_buf_t *out) {
     if (!m || !out) return -1;
@@ -794,53 +680,21 @@ void proto_args_free(proto_args_t *a) {
 // ---------------------------------------------------------------------------------------------
 // "req" / "rep"
 
-enum { RR_T, RR_V, RR_ID, RR_OP, RR_TOKEN, RR_ARGS, RR_N };
-static const char *const proto_req_keys[RR_N] = {"t", "v", "id", "op", "token", "args"};
 enum { RS_T, RS_V, RS_ID, RS_OK, RS_ERROR, RS_RESULT, RS_N };
 static const char *const proto_rep_keys[RS_N] = {"t", "v", "id", "ok", "error", "result"};
 
-int proto_req_encode(const proto_req_t *m, proto_buf_t *out) {
-    if (!m || !out) return -1;
-    proto_enc_t e;
-    proto_enc_begin(&e, out, "req", RR_N - 2);
-    proto_enc_key(&e, "id");
-    proto_enc_uint(&e, m->id, UINT64_MAX);
-    proto_enc_key(&e, "op");
-    proto_enc_str(&e, m->op, PROTO_ID_LEN, false);
-    proto_enc_key(&e, "token");
-    proto_enc_str(&e, m->token, PROTO_MAX_STR, false);
-    proto_enc_key(&e, "args");
-    proto_enc_args(&e, &m->args);
-    return proto_enc_end(&e);
-}
+static const proto_msg_t req_msg = {"req", sizeof(proto_req_t), 4, {
+    U64(proto_req_t, id, "id"),
+    STR(proto_req_t, op, "op", PROTO_ID_LEN),
+    STR(proto_req_t, token, "token", PROTO_MAX_STR),
+    ARGS(proto_req_t, args, "args"),
+}};
 
+int proto_req_encode(const proto_req_t *m, proto_buf_t *out) { return proto_msg_encode(&req_msg, m, out); }
 int proto_req_decode(const void *frame, size_t len, proto_req_t *m, char *err) {
-    const proto_dec_t d = {"req", err};
-    msgpack_unpacked u;
-    msgpack_unpacked_init(&u);
-    memset(m, 0, sizeof *m);
-    const msgpack_object *f[RR_N];
-    if (proto_open(&d, frame, len, &u, proto_req_keys, RR_N, f) ||
-        proto_get_uint(&d, f[RR_ID], "", "id", 0, UINT64_MAX, &m->id) ||
-        proto_get_str(&d, f[RR_OP], "", "op", PROTO_ID_LEN, false, &m->op) ||
-        proto_get_str(&d, f[RR_TOKEN], "", "token", PROTO_MAX_STR, false, &m->token) ||
-        proto_get_args(&d, f[RR_ARGS], "args", &m->args))
-        goto fail;
-    msgpack_unpacked_destroy(&u);
-    return 0;
-fail:
-    msgpack_unpacked_destroy(&u);
-    proto_req_free(m);
-    return -1;
+    return proto_msg_decode(&req_msg, frame, len, m, err);
 }
-
-void proto_req_free(proto_req_t *m) {
-    if (!m) return;
-    free(m->op);
-    free(m->token);
-    proto_args_free(&m->args);
-    memset(m, 0, sizeof *m);
-}
+void proto_req_free(proto_req_t *m) { proto_msg_free(&req_msg, m); }
 
 int proto_rep_encode(const proto_rep_t *m, proto_buf_t *out) {
     if (!m || !out) return -1;
@@ -892,55 +746,22 @@ void proto_rep_free(proto_rep_t *m) {
 // ---------------------------------------------------------------------------------------------
 // "env_req" / "env_rep"
 
-enum { EQ_T, EQ_V, EQ_ID, EQ_JOB, EQ_PROMPT, EQ_TRANSCRIPT, EQ_TURN, EQ_N };
-static const char *const proto_env_req_keys[EQ_N] = {"t", "v", "id", "job", "prompt", "transcript", "turn"};
 enum { EP_T, EP_V, EP_ID, EP_DONE, EP_OBS, EP_REWARD, EP_ERROR, EP_N };
 static const char *const proto_env_rep_keys[EP_N] = {"t", "v", "id", "done", "obs", "reward", "error"};
 
-int proto_env_req_encode(const proto_env_req_t *m, proto_buf_t *out) {
-    if (!m || !out) return -1;
-    proto_enc_t e;
-    proto_enc_begin(&e, out, "env_req", EQ_N - 2);
-    proto_enc_key(&e, "id");
-    proto_enc_uint(&e, m->id, UINT64_MAX);
-    proto_enc_key(&e, "job");
-    proto_enc_str(&e, m->job, PROTO_ID_LEN, false);
-    proto_enc_key(&e, "prompt");
-    proto_enc_str(&e, m->prompt, PROTO_MAX_TEXT, false);
-    proto_enc_key(&e, "transcript");
-    proto_enc_str(&e, m->transcript, PROTO_MAX_TEXT, false);
-    proto_enc_key(&e, "turn");
-    proto_enc_uint(&e, m->turn, PROTO_MAX_TURNS);
-    return proto_enc_end(&e);
-}
+static const proto_msg_t env_req_msg = {"env_req", sizeof(proto_env_req_t), 5, {
+    U64(proto_env_req_t, id, "id"),
+    STR(proto_env_req_t, job, "job", PROTO_ID_LEN),
+    STR(proto_env_req_t, prompt, "prompt", PROTO_MAX_TEXT),
+    STR(proto_env_req_t, transcript, "transcript", PROTO_MAX_TEXT),
+    U32(proto_env_req_t, turn, "turn", 0, PROTO_MAX_TURNS),
+}};
 
+int proto_env_req_encode(const proto_env_req_t *m, proto_buf_t *out) { return proto_msg_encode(&env_req_msg, m, out); }
 int proto_env_req_decode(const void *frame, size_t len, proto_env_req_t *m, char *err) {
-    const proto_dec_t d = {"env_req", err};
-    msgpack_unpacked u;
-    msgpack_unpacked_init(&u);
-    memset(m, 0, sizeof *m);
-    const msgpack_object *f[EQ_N];
-    if (proto_open(&d, frame, len, &u, proto_env_req_keys, EQ_N, f) ||
-        proto_get_uint(&d, f[EQ_ID], "", "id", 0, UINT64_MAX, &m->id) ||
-        proto_get_str(&d, f[EQ_JOB], "", "job", PROTO_ID_LEN, false, &m->job) ||
-        proto_get_str(&d, f[EQ_PROMPT], "", "prompt", PROTO_MAX_TEXT, false, &m->prompt) ||
-        proto_get_str(&d, f[EQ_TRANSCRIPT], "", "transcript", PROTO_MAX_TEXT, false, &m->transcript) ||
-        proto_get_u32(&d, f[EQ_TURN], "", "turn", 0, PROTO_MAX_TURNS, &m->turn)) {
-        msgpack_unpacked_destroy(&u);
-        proto_env_req_free(m);
-        return -1;
-    }
-    msgpack_unpacked_destroy(&u);
-    return 0;
+    return proto_msg_decode(&env_req_msg, frame, len, m, err);
 }
-
-void proto_env_req_free(proto_env_req_t *m) {
-    if (!m) return;
-    free(m->job);
-    free(m->prompt);
-    free(m->transcript);
-    memset(m, 0, sizeof *m);
-}
+void proto_env_req_free(proto_env_req_t *m) { proto_msg_free(&env_req_msg, m); }
 
 int proto_env_rep_encode(const proto_env_rep_t *m, proto_buf_t *out) {
     if (!m || !out) return -1;

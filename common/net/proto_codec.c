@@ -638,3 +638,102 @@ void proto_enc_args(proto_enc_t *e, const proto_args_t *a) {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// table-driven messages
+
+#define MEMBER(m, type, at) ((type *)((char *)(m) + (at)))
+
+int proto_msg_encode(const proto_msg_t *d, const void *m, proto_buf_t *out) {
+    if (!m || !out) return -1;
+    proto_enc_t e;
+    proto_enc_begin(&e, out, d->type, d->n);
+    for (size_t i = 0; i < d->n && !e.bad; i++) {
+        const proto_field_t *f = &d->f[i];
+        proto_enc_key(&e, f->name);
+        switch (f->type) {
+        case PROTO_F_U64:
+        case PROTO_F_U32:
+        case PROTO_F_ENUM: {
+            uint64_t v = f->type == PROTO_F_U64   ? *MEMBER(m, const uint64_t, f->at)
+                         : f->type == PROTO_F_U32 ? *MEMBER(m, const uint32_t, f->at)
+                                                  : (uint64_t)(int64_t)*MEMBER(m, const int, f->at);
+            if (v < f->min) e.bad = true;
+            proto_enc_uint(&e, v, f->max);
+            break;
+        }
+        case PROTO_F_F64: proto_enc_f64(&e, *MEMBER(m, const double, f->at)); break;
+        case PROTO_F_STR: proto_enc_str(&e, *MEMBER(m, char *const, f->at), f->max, f->nullable); break;
+        case PROTO_F_STRS: {
+            uint32_t n = *MEMBER(m, const uint32_t, f->count_at);
+            char *const *v = *MEMBER(m, char **const, f->at);
+            proto_enc_array(&e, n, f->min, v);
+            for (uint32_t j = 0; j < n && !e.bad; j++) proto_enc_str(&e, v[j], f->max, false);
+            break;
+        }
+        case PROTO_F_ARGS: proto_enc_args(&e, MEMBER(m, const proto_args_t, f->at)); break;
+        }
+    }
+    return proto_enc_end(&e);
+}
+
+static int decode_field(const proto_dec_t *d, const proto_field_t *f, const msgpack_object *o, void *m) {
+    switch (f->type) {
+    case PROTO_F_U64: return proto_get_uint(d, o, "", f->name, f->min, f->max, MEMBER(m, uint64_t, f->at));
+    case PROTO_F_U32:
+        return proto_get_u32(d, o, "", f->name, (uint32_t)f->min, (uint32_t)f->max, MEMBER(m, uint32_t, f->at));
+    case PROTO_F_ENUM: {
+        uint64_t v = 0;
+        if (proto_get_uint(d, o, "", f->name, f->min, f->max, &v)) return -1;
+        *MEMBER(m, int, f->at) = (int)v;
+        return 0;
+    }
+    case PROTO_F_F64: return proto_get_num(d, o, "", f->name, false, MEMBER(m, double, f->at));
+    case PROTO_F_STR: return proto_get_str(d, o, "", f->name, f->max, f->nullable, MEMBER(m, char *, f->at));
+    case PROTO_F_STRS: {
+        const msgpack_object_array *a = NULL;
+        if (proto_get_array(d, o, "", f->name, (uint32_t)f->min, &a)) return -1;
+        char **v = a->size ? xcalloc(a->size, sizeof *v) : NULL;
+        *MEMBER(m, char **, f->at) = v;
+        *MEMBER(m, uint32_t, f->count_at) = a->size;
+        for (uint32_t j = 0; j < a->size; j++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s[%" PRIu32 "]", f->name, j);
+            if (proto_get_str(d, &a->ptr[j], "", name, f->max, false, &v[j])) return -1;
+        }
+        return 0;
+    }
+    case PROTO_F_ARGS: return proto_get_args(d, o, f->name, MEMBER(m, proto_args_t, f->at));
+    }
+    return proto_fail(d, "field '%s' has no decoder", f->name);
+}
+
+int proto_msg_decode(const proto_msg_t *d, const void *frame, size_t len, void *m, char *err) {
+    const proto_dec_t dec = {d->type, err};
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    memset(m, 0, d->size);
+    const char *names[PROTO_MAX_FIELDS + 2] = {"t", "v"};
+    for (size_t i = 0; i < d->n; i++) names[2 + i] = d->f[i].name;
+    const msgpack_object *f[PROTO_MAX_FIELDS + 2];
+    int rc = proto_open(&dec, frame, len, &u, names, d->n + 2, f);
+    for (size_t i = 0; i < d->n && !rc; i++) rc = decode_field(&dec, &d->f[i], f[2 + i], m);
+    msgpack_unpacked_destroy(&u);
+    if (rc) proto_msg_free(d, m);
+    return rc ? -1 : 0;
+}
+
+void proto_msg_free(const proto_msg_t *d, void *m) {
+    if (!m) return;
+    for (size_t i = 0; i < d->n; i++) {
+        const proto_field_t *f = &d->f[i];
+        if (f->type == PROTO_F_STR) free(*MEMBER(m, char *, f->at));
+        if (f->type == PROTO_F_STRS) {
+            char **v = *MEMBER(m, char **, f->at);
+            for (uint32_t j = 0; v && j < *MEMBER(m, uint32_t, f->count_at); j++) free(v[j]);
+            free(v);
+        }
+        if (f->type == PROTO_F_ARGS) proto_args_free(MEMBER(m, proto_args_t, f->at));
+    }
+    memset(m, 0, d->size);
+}

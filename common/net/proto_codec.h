@@ -65,4 +65,41 @@ void proto_enc_tokens(proto_enc_t *e, const int32_t *t, uint32_t n);
 void proto_enc_logprobs(proto_enc_t *e, const float *lp, uint32_t n);
 void proto_enc_args(proto_enc_t *e, const proto_args_t *a);
 
+// Table-driven messages: a flat message is a list of fields, each a C member at an offset of the
+// message struct. One encoder, decoder and free serve every such message; the messages with
+// nested arrays or rules between fields (task, done/scored/cont, reward_rep, env_rep, rep) are
+// written out in proto.c.
+typedef enum {
+    PROTO_F_U64,    // uint64_t in [min, max]
+    PROTO_F_U32,    // uint32_t in [min, max]
+    PROTO_F_ENUM,   // an enum (int-sized) in [min, max]
+    PROTO_F_F64,    // double, finite
+    PROTO_F_STR,    // char *, at most max bytes; nil / absent allowed when nullable
+    PROTO_F_STRS,   // char ** of count_at elements (uint32_t), at most min elements of max bytes
+    PROTO_F_ARGS,   // proto_args_t
+} proto_ftype_t;
+
+typedef struct {
+    const char *name;
+    proto_ftype_t type;
+    size_t at;           // offsetof the member
+    uint64_t min, max;
+    bool nullable;
+    size_t count_at;     // PROTO_F_STRS: offsetof the element count
+} proto_field_t;
+
+#define PROTO_MAX_FIELDS 14
+
+typedef struct {
+    const char *type;    // the "t" of the message
+    size_t size;         // sizeof the message struct
+    size_t n;
+    proto_field_t f[PROTO_MAX_FIELDS];
+} proto_msg_t;
+
+int proto_msg_encode(const proto_msg_t *d, const void *m, proto_buf_t *out);
+// On failure the message is freed and zeroed and err names the field.
+int proto_msg_decode(const proto_msg_t *d, const void *frame, size_t len, void *m, char *err);
+void proto_msg_free(const proto_msg_t *d, void *m);
+
 #endif

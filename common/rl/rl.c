@@ -149,18 +149,6 @@ void rl_runtime_close(rl_runtime_t **prt) {
 
 // --- evaluation ---------------------------------------------------------------------------------
 
-void rl_wilson(int k, int n, double *lo, double *hi) {
-    if (n <= 0) {
-        *lo = 0.0, *hi = 1.0;
-        return;
-    }
-    double z = 1.959963984540054, p = (double)k / n, z2 = z * z;
-    double den = 1.0 + z2 / n, c = (p + z2 / (2.0 * n)) / den;
-    double h = z * sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / den;
-    *lo = c - h < 0.0 ? 0.0 : c - h;
-    *hi = c + h > 1.0 ? 1.0 : c + h;
-}
-
 // Whether a turn stopped at a tool call: the generator cut the text before the stop string
 // that ended it, so the call's end shows only in the decoded tokens.
 static bool ended_at_call(const rl_runtime_t *rt, const gen_sample_t *s) {

@@ -1,6 +1,6 @@
 // source.c - task sources (a built-in task or a dataset: examples, eval sets, verification, chat
-// rendering of prompts) and GRPO advantages: the parts of rl.h that need no model or engine, so
-// the verifier, which runs no model, links none.
+// rendering of prompts), GRPO advantages and the Wilson interval of eval accuracy: the parts of
+// rl.h that need no model or engine, so the verifier and the scheduler, which run none, link none.
 #include "common/rl/rl.h"
 
 #include <cjson/cJSON.h>
@@ -148,4 +148,18 @@ void rl_group_advantages(const float *r, int G, bool std_norm, float *adv) {
     for (int i = 0; i < G; i++) var += (r[i] - mean) * (r[i] - mean);
     double sd = sqrt(var / G);
     for (int i = 0; i < G; i++) adv[i] = (float)(std_norm ? (r[i] - mean) / (sd + 1e-4) : r[i] - mean);
+}
+
+// --- statistics ---------------------------------------------------------------------------------
+
+void rl_wilson(int k, int n, double *lo, double *hi) {
+    if (n <= 0) {
+        *lo = 0.0, *hi = 1.0;
+        return;
+    }
+    double z = 1.959963984540054, p = (double)k / n, z2 = z * z;
+    double den = 1.0 + z2 / n, c = (p + z2 / (2.0 * n)) / den;
+    double h = z * sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / den;
+    *lo = c - h < 0.0 ? 0.0 : c - h;
+    *hi = c + h > 1.0 ? 1.0 : c + h;
 }

@@ -340,12 +340,9 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
     if (active >= atoi(quota_s)) return err_set(err, "quota reached: %d jobs queued or running (quota %s)", active, quota_s);
     // the job's starting adapter (version 0): B = 0, so it starts as the base model
     peft_config_t pc = {.r = spec.rank, .alpha = spec.alpha, .targets = spec.targets};
-    lora_t *ad = lora_new(&a->model, &pc, kernels_cpu(), spec.seed, err);
-    if (!ad) return -1;
     uint8_t *blob = NULL;
     size_t blen = 0;
-    int rc = lora_serialize(ad, &blob, &blen, err);
-    lora_destroy(&ad);
+    int rc = lora_initial_serialize(&a->model, &pc, spec.seed, &blob, &blen, err);
     if (rc) return -1;
     int64_t seq;
     char id[PROTO_MAX_ID], now[32];

@@ -349,6 +349,28 @@ static void logprobs_both(pair_t *p, tbatch_t *tb, float T, float lp[2][NB][MAXL
     *den = tu_max_abs_diff(&en[GPU][0][0], &en[CPU][0][0], (size_t)NB * MAXL, NULL);
 }
 
+// Full-parameter gradients, tensor by tensor (kind and layer slices together): per tensor
+// max |cuda - cpu| / max |cpu| < tol, and no tensor all zero. Host arrays in the model's parameter
+// layout; `what` names the case in a failure. Returns the worst relative error.
+static double compare_model_grads(const pair_t *p, const float *cpu, const float *cuda, double tol, const char *what) {
+    size_t sizes[MODEL_N_TENSORS], off = 0;
+    model_param_sizes(&p->c, sizes);
+    double worst = 0.0;
+    for (int i = 0; i < MODEL_N_TENSORS; i++) {
+        if (sizes[i]) {
+            double mx;
+            size_t w = 0;
+            double e = rel_err(cuda + off, cpu + off, sizes[i], &mx, &w);
+            cr_assert_gt(mx, 0.0, "%s model tensor %d: zero gradient", what, i);
+            cr_assert_lt(e, tol, "%s model tensor %d: relative error %g at %zu (cuda %.9g, cpu %.9g; bound %g)", what, i,
+                         e, w, cuda[off + w], cpu[off + w], tol);
+            worst = fmax(worst, e);
+        }
+        off += sizes[i];
+    }
+    return worst;
+}
+
 // LoRA gradients of slots 0..n_slots-1, tensor by tensor (slot, target, A/B): per tensor
 // max |cuda - cpu| / max |cpu| < tol, and no tensor all zero. cpu and cuda are host arrays in the
 // layout of each slot's adapter. Returns the worst relative error; *tensors counts the tensors.
@@ -445,21 +467,7 @@ Test(engine_cuda, train_logprobs_and_lora_grads_match_cpu) {
     int tensors = 0;
     double worst = compare_lora_grads(&p, 3, lg[CPU], host_lg, 1e-3, &tensors);
     // full-parameter gradients, tensor by tensor (kind and layer slices together)
-    size_t sizes[MODEL_N_TENSORS], off = 0;
-    model_param_sizes(&p.c, sizes);
-    double worst_m = 0.0;
-    for (int i = 0; i < MODEL_N_TENSORS; i++) {
-        if (sizes[i]) {
-            double mx;
-            size_t w = 0;
-            double e = rel_err(host_mg + off, mg[CPU] + off, sizes[i], &mx, &w);
-            cr_assert_gt(mx, 0.0, "model tensor %d: zero gradient", i);
-            cr_assert_lt(e, 1e-3, "model tensor %d: relative error %g at %zu (cuda %.9g, cpu %.9g)", i, e, w,
-                         host_mg[off + w], mg[CPU][off + w]);
-            worst_m = fmax(worst_m, e);
-        }
-        off += sizes[i];
-    }
+    double worst_m = compare_model_grads(&p, mg[CPU], host_mg, 1e-3, "train");
     fprintf(stderr,
             "engine_cuda train: log-probs max |diff| %.3g, entropies %.3g (bound 2e-4); LoRA gradients: %d tensors, "
             "worst relative error %.3g; model gradients worst %.3g (bound 1e-3)\n",
@@ -844,20 +852,7 @@ Test(engine_cuda, architecture_variants_match_cpu) {
         G->to_host(host_lg[0], lg[GPU][0], sizeof(float) * na);
         int tensors = 0;
         double worst_l = compare_lora_grads(&p, 1, lg[CPU], host_lg, 1e-3, &tensors);
-        size_t sizes[MODEL_N_TENSORS], off = 0;
-        model_param_sizes(&p.c, sizes);
-        double worst_m = 0.0;
-        for (int i = 0; i < MODEL_N_TENSORS; i++) {
-            if (sizes[i]) {
-                double mx;
-                size_t w = 0;
-                double e = rel_err(host_mg + off, mg[CPU] + off, sizes[i], &mx, &w);
-                cr_assert_gt(mx, 0.0, "%s model tensor %d: zero gradient", au_name(v), i);
-                cr_assert_lt(e, 1e-3, "%s model tensor %d: relative error %g at %zu", au_name(v), i, e, w);
-                worst_m = fmax(worst_m, e);
-            }
-            off += sizes[i];
-        }
+        double worst_m = compare_model_grads(&p, mg[CPU], host_mg, 1e-3, au_name(v));
         fprintf(stderr, "engine_cuda %s: logits %.3g, log-probs %.3g, LoRA gradients %.3g, model gradients %.3g\n",
                 au_name(v), (double)dl, (double)dlp, worst_l, worst_m);
         for (int b = 0; b < 2; b++) {

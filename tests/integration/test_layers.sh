@@ -2,9 +2,9 @@
 # The layering of docs/ARCHITECTURE.md holds in the sources and in the binaries:
 #   - every #include "..." of kernels/, common/*, services/*, cli/, bench/, examples/, tools/
 #     keeps its directory's rule (tests/integration/check_layers.py);
-#   - the verifier, which runs no model, links neither the engine nor the compute libraries: its
-#     ELF DT_NEEDED list has no OpenBLAS, OpenMP or CUDA library, and it defines none of the
-#     engine's or the CPU backend's functions.
+#   - the verifier and the scheduler, which run no model, link neither the engine nor the compute
+#     libraries: their ELF DT_NEEDED lists have no OpenBLAS, OpenMP or CUDA library, and they
+#     define none of the engine's or the CPU backend's functions.
 # Self-checks, so that the checks can fail: an include of the engine added to a copy of
 # common/tasks is reported with its file and line, and the rollout (which does compute) fails
 # the verifier's binary check.
@@ -13,7 +13,9 @@ BIN=${MARLAAS_BIN:-build/bin}
 for tool in python3 readelf nm; do
     command -v $tool >/dev/null || { echo "missing $tool: run scripts/install-deps.sh"; exit 1; }
 done
-[ -x "$BIN/marlaas-verifier" ] || { echo "missing $BIN/marlaas-verifier: run make"; exit 1; }
+for b in marlaas-verifier marlaas-scheduler marlaas-rollout; do
+    [ -x "$BIN/$b" ] || { echo "missing $BIN/$b: run make"; exit 1; }
+done
 fail=0
 bad() { echo "FAILED: $*"; fail=1; }
 
@@ -35,8 +37,10 @@ no_compute() {
     done
     echo "$why"
 }
-why=$(no_compute "$BIN/marlaas-verifier")
-[ -z "$why" ] || bad "marlaas-verifier links compute:$why"
+for b in marlaas-verifier marlaas-scheduler; do
+    why=$(no_compute "$BIN/$b")
+    [ -z "$why" ] || bad "$b links compute:$why"
+done
 
 # self-checks
 tmp=$(mktemp -d)
@@ -54,4 +58,4 @@ why_rollout=$(no_compute "$BIN/marlaas-rollout")
 [ -n "$why_rollout" ] || bad "self-check: the binary check finds no compute in marlaas-rollout"
 
 [ $fail = 0 ] || exit 1
-echo "layers: ${summary#layers: }; marlaas-verifier links no engine, OpenBLAS or OpenMP; self-checks: a planted include reported, the rollout's compute found (${why_rollout# })"
+echo "layers: ${summary#layers: }; marlaas-verifier and marlaas-scheduler link no engine, OpenBLAS or OpenMP; self-checks: a planted include reported, the rollout's compute found (${why_rollout# })"

@@ -132,6 +132,35 @@ Test(model, damaged_model_folders_give_clear_errors) {
     model_destroy(&m);
 }
 
+// The scheduler's version 0 (built on the host, no backend) is the blob of lora_new, byte for byte,
+// for every target set; a different seed gives a different blob, an invalid config an error.
+Test(lora, initial_blob_equals_new_adapter) {
+    char err[ERR_LEN];
+    hf_config_t c = tu_config();
+    unsigned sets[3] = {1u << LORA_Q | 1u << LORA_V, LORA_ALL_TARGETS, 1u << LORA_DOWN | 1u << LORA_O};
+    for (int i = 0; i < 3; i++) {
+        peft_config_t pc = {.r = 3 + i, .alpha = 8.0f + i, .targets = sets[i]};
+        lora_t *a = lora_new(&c, &pc, kernels_cpu(), 41 + i, err);
+        cr_assert_not_null(a, "%s", err);
+        uint8_t *want, *got, *other;
+        size_t nw, ng, no;
+        cr_assert_eq(lora_serialize(a, &want, &nw, err), 0, "%s", err);
+        cr_assert_eq(lora_initial_serialize(&c, &pc, 41 + i, &got, &ng, err), 0, "%s", err);
+        cr_assert_eq(ng, nw);
+        cr_assert_eq(memcmp(got, want, nw), 0, "target set %d: the blobs differ", i);
+        cr_assert_eq(lora_initial_serialize(&c, &pc, 42 + i, &other, &no, err), 0, "%s", err);
+        cr_assert(no == nw && memcmp(other, want, nw) != 0, "another seed gave the same values");
+        free(want), free(got), free(other);
+        lora_destroy(&a);
+    }
+    peft_config_t bad = {.r = 0, .alpha = 8.0f, .targets = LORA_ALL_TARGETS};
+    uint8_t *blob = NULL;
+    size_t n = 0;
+    cr_assert_eq(lora_initial_serialize(&c, &bad, 1, &blob, &n, err), -1);
+    cr_assert(strstr(err, "rank"), "%s", err);
+    cr_assert_null(blob);
+}
+
 Test(lora, peft_files_and_blobs_round_trip_bit_exact) {
     char dir[256], err[ERR_LEN];
     tu_tmpdir(dir, sizeof dir, "peft-rt");
