@@ -17,6 +17,24 @@ struct client {
     uint64_t next_id;
 };
 
+static const char *setting(const char *flag, const char *env, const char *def);
+
+// The scheduler's public key: MARLAAS_API_KEY (the key, or a file as `marlaas keys generate`
+// writes it), else scheduler.key in MARLAAS_KEYS; none with MARLAAS_INSECURE (plain).
+static int server_key(char out[41], bool *plain, char *err) {
+    const char *ins = setting(NULL, "MARLAAS_INSECURE", NULL), *key = setting(NULL, "MARLAAS_API_KEY", NULL);
+    const char *dir = setting(NULL, "MARLAAS_KEYS", NULL);
+    *plain = false;
+    if (key) return bus_public_key(NULL, key, out, err);
+    if (dir) return bus_public_key(dir, "scheduler", out, err);
+    if (ins && strcmp(ins, "0") != 0) {
+        *plain = true;
+        return 0;
+    }
+    return err_set(err, "the scheduler's public key is needed to reach its API: set MARLAAS_API_KEY to it (the "
+                        "cluster's scheduler.key), or MARLAAS_INSECURE=1 for a cluster run with --insecure");
+}
+
 client_t *client_new(const char *endpoint, const char *token, int timeout_ms, char *err) {
     char ep[512];
     snprintf(ep, sizeof ep, "%s", endpoint);
@@ -28,7 +46,10 @@ client_t *client_new(const char *endpoint, const char *token, int timeout_ms, ch
     }
     zsys_init();
     zsys_set_logstream(NULL);
-    zsock_t *s = bus_connect(ZMQ_DEALER, ep, 1000, PROTO_MAX_FRAME, err);
+    char key[41];
+    bool plain;
+    if (server_key(key, &plain, err)) return NULL;
+    zsock_t *s = bus_connect_public(ZMQ_DEALER, ep, plain ? NULL : key, 1000, PROTO_MAX_FRAME, err);
     if (!s) return NULL;
     client_t *c = xcalloc(1, sizeof *c);
     c->sock = s;

@@ -16,12 +16,14 @@
 
 #include "cli/cli.h"
 #include "cli/client.h"
+#include "common/net/bus.h"
 #include "common/net/store.h"
 #include <czmq.h>
 
 typedef struct {
     const char *run, *model, *policy;
     long port_base, redis_port, steps, threads;
+    bool insecure;
 } cluster_opts_t;
 
 static const char *services[4] = {"scheduler", "verifier", "trainer", "rollout"};
@@ -144,6 +146,31 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     if (sodium_init() < 0) return -1;
     randombytes_buf(rnd, sizeof rnd);
     sodium_bin2hex(admin, 49, rnd, sizeof rnd);
+    // a fresh CURVE keypair per service for this run (or plain links with --insecure)
+    char keys[4200], sec_env[4300];
+    snprintf(keys, sizeof keys, "%s/keys", o->run);
+    if (o->insecure) {
+        snprintf(sec_env, sizeof sec_env, "MARLAAS_INSECURE=1");
+        fprintf(stderr, "up: --insecure: the services' links are plain ZeroMQ, open to anyone who reaches the ports\n");
+    } else {
+        for (int i = 0; i < 4; i++) {   // the last run's keys
+            char f[4400];
+            snprintf(f, sizeof f, "%s/%s.key", keys, services[i]);
+            unlink(f);
+            snprintf(f, sizeof f, "%s/%s.key_secret", keys, services[i]);
+            unlink(f);
+        }
+        if (bus_keys_generate(keys, err)) {
+            fprintf(stderr, "marlaas up: cannot make the CURVE keys in %s: %s\n", keys, err);
+            fclose(pf);
+            cluster_down(o->run, true);
+            return -1;
+        }
+        snprintf(sec_env, sizeof sec_env, "MARLAAS_KEYS=%s", keys);
+    }
+    // this process's API client too
+    if (o->insecure) setenv("MARLAAS_INSECURE", "1", 1), unsetenv("MARLAAS_KEYS");
+    else setenv("MARLAAS_KEYS", keys, 1), unsetenv("MARLAAS_INSECURE");
     long b = o->port_base;
     char env[9][300];
     snprintf(env[0], 300, "MARLAAS_REDIS=127.0.0.1:%d", rport);
@@ -159,7 +186,7 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     snprintf(envf, sizeof envf, "%s/env", o->run);
     FILE *ef = fopen(envf, "w");
     for (int i = 0; ef && i < 9; i++) fprintf(ef, "%s\n", env[i]);
-    if (ef) fprintf(ef, "MARLAAS_MODEL=%s\n", o->model), fclose(ef);
+    if (ef) fprintf(ef, "MARLAAS_MODEL=%s\n%s\n", o->model, sec_env), fclose(ef);
     chmod(envf, 0600);
     char model_env[4200], policy_env[64], threads_env[64];
     snprintf(model_env, sizeof model_env, "MARLAAS_MODEL=%s", o->model);
@@ -168,8 +195,8 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     // Each service gets one thread: on a small machine the rollout and the trainer then each
     // own a core instead of spinning against each other.
     char http_env[64];
-    char *extra[14] = {env[0], env[1], env[2], env[3], env[4], env[5], env[6], env[7], env[8],
-                       model_env, policy_env, threads_env, http_env, NULL};
+    char *extra[15] = {env[0], env[1], env[2], env[3], env[4], env[5], env[6], env[7], env[8],
+                       model_env, policy_env, threads_env, http_env, sec_env, NULL};
     // each service's /healthz /readyz /metrics on loopback, port base + 30 + i; listed in RUN/http
     char httpf[4200];
     snprintf(httpf, sizeof httpf, "%s/http", o->run);
@@ -224,13 +251,15 @@ static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
     static struct option lo[] = {{"run-dir", required_argument, 0, 'r'}, {"model", required_argument, 0, 'm'},
                                  {"policy", required_argument, 0, 'p'}, {"port-base", required_argument, 0, 'b'},
                                  {"redis-port", required_argument, 0, 'R'}, {"steps", required_argument, 0, 's'},
-                                 {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'}, {0}};
+                                 {"threads", required_argument, 0, 't'}, {"insecure", no_argument, 0, 'I'},
+                                 {"help", no_argument, 0, 'h'}, {0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         if (c == 'r') o->run = optarg;
         else if (c == 'm') o->model = optarg;
         else if (c == 'p') o->policy = optarg;
+        else if (c == 'I') o->insecure = true;
         else if (c == 'b') {
             if (cli_int("--port-base", optarg, 1024, 65000, &o->port_base)) return -1;
         } else if (c == 'R') {
@@ -254,6 +283,7 @@ static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
 int cmd_up(int argc, char **argv) {
     cluster_opts_t o;
     int rc = parse(argc, argv, &o, "marlaas up [--run-dir run] [--model models/tiny] [--policy async|sync] [--port-base 7000]\n"
+                   "           [--insecure]   (plain links between the services: no CURVE keys)\n"
                    "           [--threads 1]  (compute threads of each service: one each keeps two cores from\n"
                    "                          fighting over OpenMP pools; more suits one busy service per node)");
     if (rc) return rc > 0 ? 0 : 2;

@@ -29,6 +29,7 @@ static const command_t commands[] = {
     {"generate", cmd_generate, "generate text with a job's latest adapter"},
     {"chat", cmd_chat, "render a conversation (JSON on stdin) with a model's chat template"},
     {"tokenize", cmd_tokenize, "encode text lines to ids (or --decode ids) with a model's tokenizer"},
+    {"keys", cmd_keys, "keys generate DIR: CURVE keypairs of the four services (authenticated links)"},
     {"up", cmd_up, "start a local cluster: redis-server + the four services (run/)"},
     {"down", cmd_down, "stop the local cluster"},
     {"demo", cmd_demo, "up, four jobs of two tenants on models/tiny, watch, before/after table, down"},

@@ -3,6 +3,7 @@
 //   marlaas-fuzz-send --endpoint tcp://127.0.0.1:P --type push|dealer|req|pub --count N
 //                     [--seed S] [--oversize] [--oversize-bytes B] [--token T] [--wait-ms MS]
 //                     [--only KIND,...] [--message TYPE,...]
+//                     [--keys DIR --as NAME --server NAME | --server-key KEY]
 //
 // Every bound socket of a cluster takes frames from anyone who can reach it, so each must
 // survive whatever arrives. This tool connects with the given socket type and sends N frames,
@@ -33,6 +34,11 @@
 // operations themselves (invalid specs, unknown jobs, bad arguments) instead of stopping at
 // "invalid token".
 //
+// A cluster's links are CURVE-authenticated: a plain sender never gets a frame through. To test
+// what an insider holding a stolen key could do, --keys DIR --as NAME --server NAME connects with
+// service NAME's keypair (DIR/NAME.key_secret) to a socket of service --server; --server-key KEY
+// (the key or a .key file) reaches the public API with a fresh keypair, as any client does.
+//
 // dealer and req sockets read the replies; each must decode as a "rep" (the scheduler API) or a
 // "reward_rep" (a reward service). Answerable frames are those a ROUTER API or a REP service
 // must answer: one-frame messages and [""][request] (dealer), every message (req); frames lost
@@ -49,8 +55,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <czmq.h>
 #include <zmq.h>
 
+#include "common/net/bus.h"
 #include "common/net/proto.h"
 
 #define MAX_COUNT 1000000
@@ -698,6 +706,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: marlaas-fuzz-send --endpoint tcp://HOST:PORT --type push|dealer|req|pub --count N\n"
                "                         [--seed S] [--oversize] [--oversize-bytes B] [--token T] [--wait-ms MS]\n"
                "                         [--only KIND,...] [--message TYPE,...]\n"
+               "                         [--keys DIR --as NAME --server NAME | --server-key KEY]\n"
                "Sends N hostile frames (deterministic for the seed) and exits; see the source header.\n");
 }
 
@@ -751,8 +760,10 @@ int main(int argc, char **argv) {
                                  {"oversize", no_argument, 0, 'o'},       {"oversize-bytes", required_argument, 0, 'O'},
                                  {"token", required_argument, 0, 'k'},    {"wait-ms", required_argument, 0, 'w'},
                                  {"only", required_argument, 0, 'y'},     {"message", required_argument, 0, 'm'},
+                                 {"keys", required_argument, 0, 'K'},     {"as", required_argument, 0, 'A'},
+                                 {"server", required_argument, 0, 'S'},   {"server-key", required_argument, 0, 'P'},
                                  {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
-    const char *only = NULL, *messages = NULL;
+    const char *only = NULL, *messages = NULL, *keys = NULL, *as = NULL, *server = NULL, *server_key = NULL;
     int o;
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         int bad = 0;
@@ -767,6 +778,10 @@ int main(int argc, char **argv) {
         case 'w': bad = parse_u64("--wait-ms", optarg, 0, 600000, &wait_ms); break;
         case 'y': only = optarg; break;
         case 'm': messages = optarg; break;
+        case 'K': keys = optarg; break;
+        case 'A': as = optarg; break;
+        case 'S': server = optarg; break;
+        case 'P': server_key = optarg; break;
         case 'h': usage(stdout); return 0;
         default: bad = 1;
         }
@@ -804,6 +819,28 @@ int main(int argc, char **argv) {
         // a request that gets no answer (it was malformed) must not block the next one
         zmq_setsockopt(s.sock, ZMQ_REQ_RELAXED, &one, sizeof one);
         zmq_setsockopt(s.sock, ZMQ_REQ_CORRELATE, &one, sizeof one);
+    }
+    if (keys || as || server || server_key) {
+        char err[ERR_LEN], key[41];
+        zcert_t *mine = NULL;
+        if (server_key ? (keys || as || server) : !(keys && as && server)) {
+            fprintf(stderr, "marlaas-fuzz-send: give --keys, --as and --server together, or --server-key alone\n");
+        } else if (bus_public_key(keys, server_key ? server_key : server, key, err)) {
+            fprintf(stderr, "marlaas-fuzz-send: %s\n", err);
+        } else {
+            char path[1200];
+            snprintf(path, sizeof path, "%s/%s.key_secret", keys ? keys : "", as ? as : "");
+            mine = server_key ? zcert_new() : zcert_load(path);
+            if (!mine) fprintf(stderr, "marlaas-fuzz-send: cannot load the keypair %s\n", path);
+        }
+        if (!mine) {
+            zmq_close(s.sock);
+            zmq_ctx_term(ctx);
+            return 2;
+        }
+        zcert_apply(mine, s.sock);
+        zcert_destroy(&mine);
+        zmq_setsockopt(s.sock, ZMQ_CURVE_SERVERKEY, key, 40);
     }
     if (zmq_connect(s.sock, endpoint) != 0) {
         fprintf(stderr, "marlaas-fuzz-send: cannot connect to %s: %s\n", endpoint, zmq_strerror(zmq_errno()));

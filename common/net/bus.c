@@ -2,10 +2,13 @@
 // non-blocking sends.
 #include "common/net/bus.h"
 
+#include <errno.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <arpa/inet.h>
 
 #include "common/util/log.h"
@@ -14,6 +17,135 @@ const char *bus_endpoint(const char *flag, const char *env, const char *def) {
     if (flag && *flag) return flag;
     const char *e = env ? getenv(env) : NULL;
     return (e && *e) ? e : def;
+}
+
+// --- CURVE ----------------------------------------------------------------------------------------
+
+#define BUS_N_PEERS 4
+static const char *const bus_services[BUS_N_PEERS] = {"scheduler", "rollout", "verifier", "trainer"};
+
+static struct {
+    bool secure;
+    char dir[1024];
+    zcert_t *self;          // this process's keypair
+    char peer_key[BUS_N_PEERS][41];
+    zactor_t *auth;         // zauth: admits the public keys of dir (started with the first bind)
+    void *public_ctx;       // the context of bus_bind_public's sockets: no authenticator there
+} sec;
+
+int bus_public_key(const char *keys_dir, const char *name_or_key, char out[41], char *err) {
+    char path[1200];
+    uint8_t bin[32];
+    bool file = strchr(name_or_key, '/') && access(name_or_key, F_OK) == 0;
+    if (!file && strlen(name_or_key) == 40 && zmq_z85_decode(bin, name_or_key)) {   // the key itself
+        snprintf(out, 41, "%s", name_or_key);
+        return 0;
+    }
+    if (strchr(name_or_key, '/')) snprintf(path, sizeof path, "%s", name_or_key);
+    else snprintf(path, sizeof path, "%s/%s.key", keys_dir ? keys_dir : ".", name_or_key);
+    if (access(path, R_OK) != 0)
+        return err_set(err, "cannot read the public key %s: %s (make keys with `marlaas keys generate DIR`)", path,
+                       strerror(errno));
+    zcert_t *c = zcert_load(path);
+    if (!c) return err_set(err, "%s is not a CURVE certificate (zcert format)", path);
+    snprintf(out, 41, "%s", zcert_public_txt(c));
+    zcert_destroy(&c);
+    return 0;
+}
+
+int bus_secure(const char *keys_dir, const char *self, char *err) {
+    bus_secure_end();
+    if (!zsys_has_curve()) return err_set(err, "this libzmq has no CURVE support: links cannot be secured");
+    if (!keys_dir || !*keys_dir)
+        return err_set(err, "no CURVE keys: pass --keys DIR (MARLAAS_KEYS; `marlaas keys generate DIR` makes them), "
+                            "or --insecure for plain links");
+    snprintf(sec.dir, sizeof sec.dir, "%s", keys_dir);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.key_secret", keys_dir, self);
+    if (access(path, R_OK) != 0)
+        return err_set(err, "cannot read this service's secret key %s: %s (make keys with `marlaas keys generate %s`)",
+                       path, strerror(errno), keys_dir);
+    sec.self = zcert_load(path);
+    if (!sec.self || !zcert_secret_txt(sec.self)[0] || !strcmp(zcert_secret_txt(sec.self), "0000000000000000000000000000000000000000"))
+        return err_set(err, "%s holds no CURVE secret key (zcert format)", path);
+    for (int i = 0; i < BUS_N_PEERS; i++) sec.peer_key[i][0] = 0;
+    sec.secure = true;
+    return 0;
+}
+
+void bus_insecure(void) {
+    bus_secure_end();
+    log_warn("--insecure: links between services are plain ZeroMQ, unauthenticated and unencrypted; anyone who "
+             "reaches a port can read and forge the messages of this cluster; use only on a trusted host");
+}
+
+bool bus_is_secure(void) { return sec.secure; }
+
+void bus_secure_end(void) {
+    zactor_destroy(&sec.auth);
+    zcert_destroy(&sec.self);
+    if (sec.public_ctx) zmq_ctx_term(sec.public_ctx);
+    sec.public_ctx = NULL;
+    sec.secure = false;
+}
+
+int bus_keys_generate(const char *dir, char *err) {
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) return err_set(err, "cannot create %s: %s", dir, strerror(errno));
+    char path[1200];
+    for (int i = 0; i < BUS_N_PEERS; i++) {
+        snprintf(path, sizeof path, "%s/%s.key_secret", dir, bus_services[i]);
+        if (access(path, F_OK) == 0) return err_set(err, "%s exists: keys are never overwritten", path);
+    }
+    for (int i = 0; i < BUS_N_PEERS; i++) {
+        zcert_t *c = zcert_new();
+        if (!c) return err_set(err, "cannot make a CURVE keypair (libsodium)");
+        zcert_set_meta(c, "service", "%s", bus_services[i]);
+        snprintf(path, sizeof path, "%s/%s.key", dir, bus_services[i]);
+        int rc = zcert_save(c, path);
+        zcert_destroy(&c);
+        snprintf(path, sizeof path, "%s/%s.key_secret", dir, bus_services[i]);
+        if (rc != 0 || chmod(path, 0600) != 0) return err_set(err, "cannot write the keys of %s in %s", bus_services[i], dir);
+    }
+    return 0;
+}
+
+// The public key of a peer service, read once.
+static const char *peer_key(const char *peer, char *err) {
+    for (int i = 0; i < BUS_N_PEERS; i++) {
+        if (strcmp(peer, bus_services[i])) continue;
+        if (!sec.peer_key[i][0] && bus_public_key(sec.dir, peer, sec.peer_key[i], err)) return NULL;
+        return sec.peer_key[i];
+    }
+    err_set(err, "no service named '%s' holds a key", peer);
+    return NULL;
+}
+
+// Starts zauth, once, with a certificate store of exactly the four services' public keys (read
+// by name, so a Kubernetes Secret volume's links and hidden directories play no part).
+static int start_auth(char *err) {
+    if (sec.auth) return 0;
+    zcertstore_t *store = zcertstore_new(NULL);
+    if (!store) return err_set(err, "cannot create a certificate store");
+    for (int i = 0; i < BUS_N_PEERS; i++) {
+        char key[41], path[1200];
+        if (bus_public_key(sec.dir, bus_services[i], key, err)) {
+            zcertstore_destroy(&store);
+            return -1;
+        }
+        snprintf(path, sizeof path, "%s/%s.key", sec.dir, bus_services[i]);
+        zcert_t *c = zcert_load(path);
+        if (!c) {
+            zcertstore_destroy(&store);
+            return err_set(err, "%s is not a CURVE certificate", path);
+        }
+        zcertstore_insert(store, &c);   // the store owns it
+    }
+    sec.auth = zactor_new(zauth, store);   // zauth owns the store from here
+    if (!sec.auth) {
+        zcertstore_destroy(&store);
+        return err_set(err, "cannot start the ZeroMQ authenticator (zauth)");
+    }
+    return 0;
 }
 
 void bus_tune(zsock_t *s) {
@@ -36,18 +168,58 @@ static zsock_t *make(int type, int hwm, size_t max_frame) {
     return s;
 }
 
+static int bind_to(zsock_t *s, const char *endpoint, char *err) {
+    if (zsock_bind(s, "%s", endpoint) < 0)
+        return err_set(err, "cannot bind %s: %s (is another process using the port?)", endpoint, zmq_strerror(zmq_errno()));
+    return 0;
+}
+
 zsock_t *bus_bind(int type, const char *endpoint, int hwm, size_t max_frame, char *err) {
+    if (sec.secure && start_auth(err)) return NULL;
     zsock_t *s = make(type, hwm, max_frame);
     if (!s) {
         err_set(err, "cannot create a ZeroMQ socket");
         return NULL;
     }
-    if (zsock_bind(s, "%s", endpoint) < 0) {
+    if (sec.secure) {
+        zcert_apply(sec.self, s);
+        zsock_set_curve_server(s, 1);
+        zsock_set_zap_domain(s, "marlaas");
+    }
+    if (bind_to(s, endpoint, err)) zsock_destroy(&s);
+    return s;
+}
+
+zsock_t *bus_bind_public(int type, const char *endpoint, int hwm, size_t max_frame, char *err) {
+    if (!sec.secure) return bus_bind(type, endpoint, hwm, max_frame, err);
+    if (!sec.public_ctx && !(sec.public_ctx = zmq_ctx_new())) {
+        err_set(err, "cannot create a ZeroMQ context");
+        return NULL;
+    }
+    zsock_t *s = zmq_socket(sec.public_ctx, type);
+    if (!s) {
+        err_set(err, "cannot create a ZeroMQ socket: %s", zmq_strerror(zmq_errno()));
+        return NULL;
+    }
+    bus_tune(s);
+    zsock_set_sndhwm(s, hwm);
+    zsock_set_rcvhwm(s, hwm);
+    zsock_set_linger(s, 0);
+    if (max_frame) zsock_set_maxmsgsize(s, (int)(max_frame > 0x7fffffff ? 0x7fffffff : max_frame));
+    zcert_apply(sec.self, s);
+    zsock_set_curve_server(s, 1);
+    if (zmq_bind(s, endpoint) != 0) {
         err_set(err, "cannot bind %s: %s (is another process using the port?)", endpoint, zmq_strerror(zmq_errno()));
-        zsock_destroy(&s);
+        zmq_close(s);
         return NULL;
     }
     return s;
+}
+
+void bus_close(zsock_t **s) {
+    if (!s || !*s) return;
+    if (zsock_is(*s)) zsock_destroy(s);
+    else zmq_close(*s), *s = NULL;
 }
 
 int bus_resolve(const char *endpoints, char out[][256], int max, char *err) {
@@ -112,25 +284,57 @@ int bus_reconcile(zsock_t *s, bus_peers_t *have, char want[][256], int n_want) {
     return changes;
 }
 
-zsock_t *bus_connect(int type, const char *endpoints, int hwm, size_t max_frame, char *err) {
-    char eps[BUS_MAX_ENDPOINTS][256];
-    int n = bus_resolve(endpoints, eps, BUS_MAX_ENDPOINTS, err);
-    if (n < 0) return NULL;
-    if (n == 0) {
-        err_set(err, "no endpoint to connect to in '%s'", endpoints ? endpoints : "");
-        return NULL;
-    }
+zsock_t *bus_socket(int type, const char *peer, int hwm, size_t max_frame, char *err) {
+    const char *key = NULL;
+    if (sec.secure && peer && !(key = peer_key(peer, err))) return NULL;
     zsock_t *s = make(type, hwm, max_frame);
     if (!s) {
         err_set(err, "cannot create a ZeroMQ socket");
         return NULL;
     }
+    if (key) {
+        zcert_apply(sec.self, s);
+        zsock_set_curve_serverkey(s, key);
+    }
+    return s;
+}
+
+static int connect_all(zsock_t *s, const char *endpoints, char *err) {
+    char eps[BUS_MAX_ENDPOINTS][256];
+    int n = bus_resolve(endpoints, eps, BUS_MAX_ENDPOINTS, err);
+    if (n < 0) return -1;
+    if (n == 0) return err_set(err, "no endpoint to connect to in '%s'", endpoints ? endpoints : "");
     for (int i = 0; i < n; i++)
-        if (zsock_connect(s, "%s", eps[i]) < 0) {
-            err_set(err, "cannot connect to %s: %s", eps[i], zmq_strerror(zmq_errno()));
+        if (zsock_connect(s, "%s", eps[i]) < 0)
+            return err_set(err, "cannot connect to %s: %s", eps[i], zmq_strerror(zmq_errno()));
+    return 0;
+}
+
+zsock_t *bus_connect(int type, const char *endpoints, const char *peer, int hwm, size_t max_frame, char *err) {
+    zsock_t *s = bus_socket(type, peer, hwm, max_frame, err);
+    if (s && connect_all(s, endpoints, err)) zsock_destroy(&s);
+    return s;
+}
+
+zsock_t *bus_connect_public(int type, const char *endpoint, const char *server_key, int hwm, size_t max_frame,
+                            char *err) {
+    zsock_t *s = make(type, hwm, max_frame);
+    if (!s) {
+        err_set(err, "cannot create a ZeroMQ socket");
+        return NULL;
+    }
+    if (server_key) {
+        zcert_t *mine = zcert_new();
+        if (!mine) {
             zsock_destroy(&s);
+            err_set(err, "cannot make a CURVE keypair (libsodium)");
             return NULL;
         }
+        zcert_apply(mine, s);
+        zcert_destroy(&mine);
+        zsock_set_curve_serverkey(s, server_key);
+    }
+    if (connect_all(s, endpoint, err)) zsock_destroy(&s);
     return s;
 }
 

@@ -18,6 +18,26 @@
 #define BUS_HEARTBEAT_IVL_MS 1000
 #define BUS_HEARTBEAT_TIMEOUT_MS 5000
 
+// --- authenticated, encrypted links (ZeroMQ CURVE) ----------------------------------------------
+// The services of a cluster (scheduler, rollout, verifier, trainer) each hold a CURVE keypair:
+// DIR/NAME.key (public) and DIR/NAME.key_secret (secret), as zcert writes them. After
+// bus_secure(DIR, NAME), every socket bus_bind makes is a CURVE server that admits only the
+// public keys found in DIR (czmq's zauth, one per process), and every socket connected to a
+// named peer service authenticates it by DIR/PEER.key: frames are encrypted both ways and a
+// process without one of the cluster's keys cannot connect. After bus_insecure() (an explicit
+// --insecure) sockets are plain ZeroMQ. Call one of them once, before the first socket.
+int bus_secure(const char *keys_dir, const char *self, char *err);
+void bus_insecure(void);
+bool bus_is_secure(void);
+// Stops the authenticator and forgets the keys (at exit; a no-op when never secured).
+void bus_secure_end(void);
+// Writes a fresh keypair for each of the four services into dir (created 0700; secrets 0600).
+// Refuses to overwrite existing keys.
+int bus_keys_generate(const char *dir, char *err);
+// The public key (40 characters of Z85): the key text itself, or the certificate at a path (one
+// with a slash), or DIR/NAME.key.
+int bus_public_key(const char *keys_dir, const char *name_or_key, char out[41], char *err);
+
 // flag if set, else getenv(env) if set and non-empty, else def.
 const char *bus_endpoint(const char *flag, const char *env, const char *def);
 
@@ -27,10 +47,26 @@ void bus_tune(zsock_t *s);
 
 // A socket of `type` (ZMQ_PUSH, ZMQ_PULL, ...) bound to endpoint, with send/receive high-water
 // marks `hwm` and incoming frames capped at max_frame bytes (larger frames drop the peer's
-// connection inside libzmq, before any of our code sees them). NULL + err on failure.
+// connection inside libzmq, before any of our code sees them). NULL + err on failure. Secured:
+// a CURVE server admitting the cluster's keys only.
 zsock_t *bus_bind(int type, const char *endpoint, int hwm, size_t max_frame, char *err);
-// Same, connected to every endpoint of a comma-separated list (after DNS expansion).
-zsock_t *bus_connect(int type, const char *endpoints, int hwm, size_t max_frame, char *err);
+// The scheduler's client API: secured, a CURVE server that admits any client key (clients make
+// theirs; the tenant's token authenticates the request) and encrypts every frame. It lives in
+// a ZeroMQ context of its own, apart from the authenticator; close it with bus_close.
+zsock_t *bus_bind_public(int type, const char *endpoint, int hwm, size_t max_frame, char *err);
+// Same as bus_bind, connected to every endpoint of a comma-separated list (after DNS
+// expansion). peer names the service at those endpoints ("scheduler", "verifier", "trainer"):
+// secured, the connection authenticates it by its public key; NULL for a peer outside the
+// cluster (a tenant's reward service), always plain.
+zsock_t *bus_connect(int type, const char *endpoints, const char *peer, int hwm, size_t max_frame, char *err);
+// An unconnected socket set up as bus_connect's (connect it with bus_reconcile).
+zsock_t *bus_socket(int type, const char *peer, int hwm, size_t max_frame, char *err);
+// A client of a public socket (bus_bind_public) whose server key is server_key (Z85): a fresh
+// keypair of its own; plain when server_key is NULL.
+zsock_t *bus_connect_public(int type, const char *endpoint, const char *server_key, int hwm, size_t max_frame,
+                            char *err);
+// Closes any socket of the above and sets *s to NULL.
+void bus_close(zsock_t **s);
 
 // Expands a comma-separated endpoint list: tcp://NAME:PORT becomes tcp://IP:PORT for every
 // IPv4 address NAME resolves to (sorted, unique). Returns the count (<= max) or -1 + err.

@@ -166,7 +166,7 @@ static int join_root(dist_t *d, const char *endpoint, char *err) {
 }
 
 static int join_member(dist_t *d, const char *endpoint, char *err) {
-    d->s = bus_connect(ZMQ_DEALER, endpoint, 1000, 0, err);
+    d->s = bus_connect(ZMQ_DEALER, endpoint, "trainer", 1000, 0, err);
     if (!d->s) return fail(d, err, "dist: rank %d: %s", d->rank, err);
     zsock_set_linger(d->s, DIST_LINGER_MS);
     if (send_msg(d, NULL, D_HELLO, NULL, 0)) return fail(d, err, "dist: rank %d: cannot send to %s", d->rank, endpoint);

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/net/bus.h"
 #include "common/util/log.h"
 
 static const struct {
@@ -35,6 +36,8 @@ static const struct {
     [SVC_HTTP] = {"http", "MARLAAS_HTTP", NULL},   // per service: see http_default
     [SVC_BACKEND] = {"backend", "MARLAAS_BACKEND", "cpu"},
     [SVC_WEIGHTS] = {"weights", "MARLAAS_WEIGHTS", "auto"},
+    [SVC_KEYS] = {"keys", "MARLAAS_KEYS", NULL},
+    [SVC_INSECURE] = {"insecure", "MARLAAS_INSECURE", NULL},   // a flag: plain links (see bus.h)
 };
 
 // Default HTTP ports: one per service, so a single host can run all four with no flags.
@@ -81,7 +84,8 @@ int svc_init(svc_t *s, const char *name, int argc, char **argv, const char *help
     s->name = name;
     snprintf(s->http_def, sizeof s->http_def, "%s", http_default(name));
     struct option lo[SVC_N_OPTS + 3];
-    for (int i = 0; i < SVC_N_OPTS; i++) lo[i] = (struct option){opts[i].flag, required_argument, NULL, 1000 + i};
+    for (int i = 0; i < SVC_N_OPTS; i++)
+        lo[i] = (struct option){opts[i].flag, i == SVC_INSECURE ? no_argument : required_argument, NULL, 1000 + i};
     lo[SVC_N_OPTS] = (struct option){"set", required_argument, NULL, 's'};
     lo[SVC_N_OPTS + 1] = (struct option){"help", no_argument, NULL, 'h'};
     lo[SVC_N_OPTS + 2] = (struct option){0};
@@ -89,7 +93,7 @@ int svc_init(svc_t *s, const char *name, int argc, char **argv, const char *help
     optind = 1;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         if (c >= 1000 && c < 1000 + SVC_N_OPTS) {
-            s->opt[c - 1000] = optarg;
+            s->opt[c - 1000] = c == 1000 + SVC_INSECURE ? "1" : optarg;
         } else if (c == 's') {
             const char *eq = strchr(optarg, '=');
             if (!eq || eq == optarg || s->n_extra == 16) {
@@ -140,6 +144,18 @@ int svc_init(svc_t *s, const char *name, int argc, char **argv, const char *help
     sigemptyset(&sd.sa_mask);
     sigaction(SIGALRM, &sd, NULL);
     signal(SIGPIPE, SIG_IGN);
+    // the links: CURVE with the cluster's keys unless --insecure says plain
+    const char *ins = s->opt[SVC_INSECURE];
+    if (ins && strcmp(ins, "0") != 0) {
+        bus_insecure();
+    } else {
+        char err[ERR_LEN];
+        if (bus_secure(s->opt[SVC_KEYS], name, err)) {
+            log_error("%s", err);
+            return -1;
+        }
+        log_info("links secured with CURVE: keys of %s", s->opt[SVC_KEYS]);
+    }
     return 0;
 }
 
@@ -148,7 +164,11 @@ const char *svc_get(const svc_t *s, svc_opt_t o) { return s->opt[o]; }
 void svc_bind_endpoint(const svc_t *s, svc_opt_t o, char *out, size_t n) {
     const char *v = s->opt[o];
     const char *colon = v ? strrchr(v, ':') : NULL;
-    if (v && !strncmp(v, "tcp://", 6) && colon && colon > v + 5) snprintf(out, n, "tcp://*:%s", colon + 1);
+    // a loopback address stays loopback (a local cluster is not reachable from the network);
+    // any other host is this pod's name or address as its peers see it, so bind every interface
+    bool loop = v && (!strncmp(v, "tcp://127.", 10) || !strncmp(v, "tcp://localhost:", 16));
+    if (v && !strncmp(v, "tcp://", 6) && colon && colon > v + 5)
+        snprintf(out, n, "tcp://%s:%s", loop ? "127.0.0.1" : "*", colon + 1);
     else snprintf(out, n, "%s", v ? v : "");
 }
 
@@ -316,4 +336,5 @@ void svc_close(svc_t *s) {
     if (probe.c) redisFree(probe.c);
     probe.c = NULL;
     pthread_mutex_unlock(&probe.mu);
+    bus_secure_end();
 }

@@ -36,7 +36,7 @@
 typedef enum {
     SVC_REDIS, SVC_PREFIX, SVC_MODEL, SVC_API, SVC_WORK, SVC_EVENTS, SVC_REPORTS, SVC_VERIFIERS, SVC_TRAINER,
     SVC_TRAINER_EVENTS, SVC_THREADS, SVC_ADMIN_TOKEN, SVC_POLICY, SVC_ID, SVC_HTTP, SVC_BACKEND, SVC_WEIGHTS,
-    SVC_N_OPTS
+    SVC_KEYS, SVC_INSECURE, SVC_N_OPTS
 } svc_opt_t;
 
 typedef struct {
@@ -61,7 +61,8 @@ typedef struct {
 // returns 1 for --help, -1 (message on stderr) for a bad flag, 0 otherwise.
 int svc_init(svc_t *s, const char *name, int argc, char **argv, const char *help);
 const char *svc_get(const svc_t *s, svc_opt_t o);
-// The endpoint to bind for a setting: its port on all interfaces (tcp://*:PORT).
+// The endpoint to bind for a setting: its port on loopback when the setting names a loopback
+// address (tcp://127.0.0.1:PORT), else on all interfaces (tcp://*:PORT).
 void svc_bind_endpoint(const svc_t *s, svc_opt_t o, char *out, size_t n);
 // A service extra (--set key=value), or def.
 const char *svc_extra(const svc_t *s, const char *key, const char *def);

@@ -57,18 +57,15 @@ rollout_t *rollout_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, ch
     r->w = worker_new(r->rt, st, s->id, err);
     r->max_queue = atoi(svc_extra(s, "max_queue", "64"));
     // A small receive queue keeps tasks at the scheduler, where fair share decides.
-    if (r->w) r->work = bus_connect(ZMQ_PULL, svc_get(s, SVC_WORK), 4, PROTO_MAX_FRAME, err);
-    if (r->work) r->out = zsock_new(ZMQ_PUSH);
+    if (r->w) r->work = bus_connect(ZMQ_PULL, svc_get(s, SVC_WORK), "scheduler", 4, PROTO_MAX_FRAME, err);
+    if (r->work) r->out = bus_socket(ZMQ_PUSH, "verifier", BUS_DEFAULT_HWM, 0, err);
     if (r->out)
-        r->events = bus_connect(ZMQ_SUB, svc_get(s, SVC_TRAINER_EVENTS), BUS_DEFAULT_HWM, 1 << 20, err);
-    if (r->events) r->rep = bus_connect(ZMQ_PUSH, svc_get(s, SVC_REPORTS), BUS_DEFAULT_HWM, 0, err);
+        r->events = bus_connect(ZMQ_SUB, svc_get(s, SVC_TRAINER_EVENTS), "trainer", BUS_DEFAULT_HWM, 1 << 20, err);
+    if (r->events) r->rep = bus_connect(ZMQ_PUSH, svc_get(s, SVC_REPORTS), "scheduler", BUS_DEFAULT_HWM, 0, err);
     if (!r->rep) {
         rollout_close(&r);
         return NULL;
     }
-    bus_tune(r->out);
-    zsock_set_sndhwm(r->out, BUS_DEFAULT_HWM);
-    zsock_set_linger(r->out, 0);
     // messages go only to verifiers with a live connection: without this a verifier that is
     // down keeps its round-robin share queued (and lost) until it comes back
     zsock_set_immediate(r->out, 1);

@@ -59,7 +59,7 @@ scheduler_t *scheduler_open(svc_t *s, store_t *st, const sched_cfg_t *cfg, const
     // like every endpoint a service owns, the API binds its port on all interfaces, so one setting
     // (tcp://scheduler:7000) serves the scheduler and its clients alike
     svc_bind_endpoint(s, SVC_API, ep, sizeof ep);
-    c->api_sock = bus_bind(ZMQ_ROUTER, ep, BUS_DEFAULT_HWM, 64u << 20, err);
+    c->api_sock = bus_bind_public(ZMQ_ROUTER, ep, BUS_DEFAULT_HWM, 64u << 20, err);
     svc_bind_endpoint(s, SVC_WORK, ep, sizeof ep);
     if (c->api_sock) c->work = bus_bind(ZMQ_PUSH, ep, 8, 0, err);
     svc_bind_endpoint(s, SVC_EVENTS, ep, sizeof ep);
@@ -149,7 +149,7 @@ void scheduler_close(scheduler_t **pc) {
     zsock_destroy(&c->reports);
     zsock_destroy(&c->events);
     zsock_destroy(&c->work);
-    zsock_destroy(&c->api_sock);
+    bus_close(&c->api_sock);
     free(c);
     *pc = NULL;
 }

@@ -170,7 +170,7 @@ trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, co
     if (t->jobs) t->in = bus_bind(ZMQ_PULL, ep, BUS_DEFAULT_HWM, PROTO_MAX_FRAME, err);
     svc_bind_endpoint(s, SVC_TRAINER_EVENTS, ep, sizeof ep);
     if (t->in) t->pub = bus_bind(ZMQ_PUB, ep, BUS_DEFAULT_HWM, 0, err);
-    if (t->pub) t->rep = bus_connect(ZMQ_PUSH, svc_get(s, SVC_REPORTS), BUS_DEFAULT_HWM, 0, err);
+    if (t->pub) t->rep = bus_connect(ZMQ_PUSH, svc_get(s, SVC_REPORTS), "scheduler", BUS_DEFAULT_HWM, 0, err);
     if (!t->rep) {
         trainer_close(&t);
         return NULL;

@@ -153,7 +153,7 @@ static zsock_t *endpoint(scorer_t *s, const char *ep) {
         if (!strcmp(s->ep_name[i], ep)) return s->ep_sock[i];
     if (s->n_ep == MAX_ENDPOINTS) return NULL;
     char err[ERR_LEN];
-    zsock_t *d = bus_connect(ZMQ_DEALER, ep, 1000, PROTO_MAX_FRAME, err);
+    zsock_t *d = bus_connect(ZMQ_DEALER, ep, NULL, 1000, PROTO_MAX_FRAME, err);
     if (!d) {
         log_warn("reward service %s: %s", ep, err);
         return NULL;

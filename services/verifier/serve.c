@@ -36,8 +36,8 @@ verifier_t *verifier_open(svc_t *s, store_t *st, char *err) {
     v->sc = scorer_new(st, err);
     svc_bind_endpoint(s, SVC_VERIFIERS, ep, sizeof ep);
     if (v->sc) v->in = bus_bind(ZMQ_PULL, ep, BUS_DEFAULT_HWM, PROTO_MAX_FRAME, err);
-    if (v->in) v->train = bus_connect(ZMQ_PUSH, svc_get(s, SVC_TRAINER), BUS_DEFAULT_HWM, 0, err);
-    if (v->train) v->rep = bus_connect(ZMQ_PUSH, svc_get(s, SVC_REPORTS), BUS_DEFAULT_HWM, 0, err);
+    if (v->in) v->train = bus_connect(ZMQ_PUSH, svc_get(s, SVC_TRAINER), "trainer", BUS_DEFAULT_HWM, 0, err);
+    if (v->train) v->rep = bus_connect(ZMQ_PUSH, svc_get(s, SVC_REPORTS), "scheduler", BUS_DEFAULT_HWM, 0, err);
     if (!v->rep) {
         verifier_close(&v);
         return NULL;

@@ -47,8 +47,14 @@ tf=$(date +%s.%N)
 for t in $targets; do
     name=${t%%:*} rest=${t#*:}
     type=${rest%%:*} ep=${rest#*:}
-    extra=()
-    [ "$type" = dealer ] && extra=(--token "$A")
+    # the links are CURVE: the fuzzer holds the API's public key, and for the internal sockets a
+    # cluster member's key (an insider with a stolen key), so its frames reach the decoders
+    case $name in
+        api) extra=(--token "$A" --server-key "$RUN/keys/scheduler.key") ;;
+        reports) extra=(--keys "$RUN/keys" --as rollout --server scheduler) ;;
+        verifier) extra=(--keys "$RUN/keys" --as rollout --server verifier) ;;
+        trainer) extra=(--keys "$RUN/keys" --as verifier --server trainer) ;;
+    esac
     "$FUZZ" --endpoint "$ep" --type "$type" --count "$COUNT" --seed "$seed" --oversize "${extra[@]}" \
         > "$tmp/fuzz-$name.out" 2> "$tmp/fuzz-$name.err" &
     pids+=($!)

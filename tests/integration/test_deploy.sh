@@ -40,6 +40,16 @@ for name in ("redis", "scheduler", "trainer", "verifier", "rollout"):
 for name in ("verifier", "rollout"):
     if "container_name" in s[name] or s[name].get("ports"): bad(f"{name} cannot be scaled (container name or host port)")
     if s[name]["environment"].get("MARLAAS_VERIFIERS") != "tcp://verifier:7010": bad("rollouts must find verifiers by service name")
+# CURVE: every service reads the keys (read-only) that the one-shot "keys" service made
+if "keys" not in s or "keys generate /keys" not in " ".join(s["keys"].get("entrypoint", [])): bad("no keys service")
+for name in ("scheduler", "trainer", "verifier", "rollout"):
+    if s[name]["environment"].get("MARLAAS_KEYS") != "/keys": bad(f"{name} has no MARLAAS_KEYS")
+    if s[name]["environment"].get("MARLAAS_INSECURE"): bad(f"{name} runs with plain links")
+    vols = s[name].get("volumes", [])   # "SRC:/keys:ro" (compose 1.x) or the long form
+    if not any(str(v).endswith(":/keys:ro") or (isinstance(v, dict) and v.get("target") == "/keys" and v.get("read_only"))
+               for v in vols): bad(f"{name} does not mount the keys read-only")
+    if s[name].get("depends_on", {}).get("keys", {}).get("condition") != "service_completed_successfully":
+        bad(f"{name} may start before the keys exist")
 cmd = " ".join(s["redis"].get("command", []))
 if "--appendonly yes" not in cmd: bad("redis without an append-only file")
 if not any(":/data" in str(v) for v in s["redis"].get("volumes", [])) and not any(

@@ -4,7 +4,8 @@
 # schemas (npm packages kubernetes-models and @kubernetes/client-node, pinned in
 # deploy/k8s/check/package-lock.json), no unknown fields, and the consistency of our objects
 # (probes, resources, Service selectors and ports, endpoints in the ConfigMap, GPUs only where
-# the overlay puts them). Four broken variants of the rendered manifests must each be refused.
+# the overlay puts them, the CURVE keys mounted per service). Six broken variants of the rendered
+# manifests must each be refused.
 set -euo pipefail
 fail=0
 for tool in kubectl node npm; do
@@ -49,7 +50,10 @@ refuse() {   # refuse DESCRIPTION EXPECTED-MESSAGE SED-EXPRESSION
 refuse "misspelt field" "unknown field spec.template.spec.containers\[0\].readinesProbe" 's/readinessProbe:/readinesProbe:/'
 refuse "string replica count" "spec/replicas must be integer" 's/replicas: 1$/replicas: "1"/'
 refuse "verifiers not headless" "verifiers: must be headless" '/name: verifiers/,/clusterIP/{s/clusterIP: None/clusterIP: 10.0.0.9/}'
+refuse "a pod given another service's secret key" "the keys volume holds another service's secret key" \
+    '0,/- key: rollout.key_secret/{s/- key: rollout.key_secret/- key: trainer.key_secret/}'
+refuse "keys not mounted" "mounts no secret at MARLAAS_KEYS" 's|mountPath: /etc/marlaas/keys|mountPath: /etc/marlaas/other|'
 refuse "endpoint to a missing port" "MARLAAS_WORK=tcp://scheduler:7009: Service scheduler has no port 7009" 's/tcp:\/\/scheduler:7001/tcp:\/\/scheduler:7009/'
 
-[ $fail = 0 ] && echo "k8s: overlays ($(ls deploy/k8s/overlays | tr '\n' ' ')) valid under kubectl $kver + schemas, 4 broken variants refused"
+[ $fail = 0 ] && echo "k8s: overlays ($(ls deploy/k8s/overlays | tr '\n' ' ')) valid under kubectl $kver + schemas, 6 broken variants refused"
 exit $fail

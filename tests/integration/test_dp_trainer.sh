@@ -95,7 +95,7 @@ time.sleep(20)' &
 HOLD=$!
 wait_for 10 bash -c "echo > /dev/tcp/127.0.0.1/9503" 2>/dev/null || true   # the port is held (by us or another)
 w_rc=0
-w_out=$(env -u MARLAAS_HTTP MARLAAS_THREADS=1 "$BIN/marlaas-trainer" --model models/micro --set dp_world=2 --set dp_rank=1 \
+w_out=$(env -u MARLAAS_HTTP MARLAAS_THREADS=1 "$BIN/marlaas-trainer" --insecure --model models/micro --set dp_world=2 --set dp_rank=1 \
     --set "dp_endpoint=tcp://127.0.0.1:$(free_low_port)" --set dp_timeout=1 2>&1) || w_rc=$?
 kill "$HOLD" 2>/dev/null || true
 check "a lone worker exits 1 (status $w_rc)" [ "$w_rc" = 1 ]

@@ -99,10 +99,12 @@ echo "hosts: $NET.1 (redis, scheduler, trainer), $NET.2 and $NET.3 (rollout + ve
 # --- the services -----------------------------------------------------------------------------
 ADMIN=mh-admin-token-0123456789
 ABS_BIN=$(cd "$BIN" && pwd)
+# the links between hosts are CURVE-authenticated: one keypair per service, shared by its replicas
+"$ABS_BIN/marlaas" keys generate "$RUN/keys" > /dev/null
 ENV=(MARLAAS_REDIS=redis:6379 MARLAAS_MODEL="$PWD/models/micro" MARLAAS_THREADS=1
      MARLAAS_API=tcp://scheduler:7000 MARLAAS_WORK=tcp://scheduler:7001 MARLAAS_EVENTS=tcp://scheduler:7002
      MARLAAS_REPORTS=tcp://scheduler:7003 MARLAAS_VERIFIERS=tcp://verifiers:7010 MARLAAS_TRAINER=tcp://trainer:7020
-     MARLAAS_TRAINER_EVENTS=tcp://trainer:7021 MARLAAS_ADMIN_TOKEN=$ADMIN)
+     MARLAAS_TRAINER_EVENTS=tcp://trainer:7021 MARLAAS_ADMIN_TOKEN=$ADMIN MARLAAS_KEYS="$RUN/keys")
 start() {   # start HOST NAME COMMAND...
     local h=$1 name=$2
     shift 2
@@ -131,7 +133,7 @@ for addr in "$NET.1:9500" "$NET.1:9503" "$NET.2:9501" "$NET.2:9502" "$NET.3:9501
     [ $ok = 1 ] || { echo "service at $addr not ready; logs:"; tail -n 5 "$RUN"/logs/*.log; exit 1; }
 done
 mval() { on 1 curl -sf --max-time 3 "http://$1/metrics" | awk -v n="$2" '$1==n{print $2}'; }
-cli() { on 1 env MARLAAS_API=tcp://scheduler:7000 MARLAAS_ADMIN_TOKEN="$ADMIN" "$ABS_BIN/marlaas" "$@"; }
+cli() { on 1 env MARLAAS_API=tcp://scheduler:7000 MARLAAS_API_KEY="$RUN/keys/scheduler.key" MARLAAS_ADMIN_TOKEN="$ADMIN" "$ABS_BIN/marlaas" "$@"; }
 fail=0
 gt() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN {exit !(a + 0 > b + 0)}'; }
 

@@ -176,7 +176,7 @@ jF=$(submit "$T" --spec "$tmp/slow.json")
 # the slow job is being scored (its requests are at the slow service) before the flood
 wait_for 60 grep -q "reward_service: id " "$tmp/slow.log" || { echo "FAIL: the slow job sent no reward request"; fail=1; }
 "$BIN/marlaas-fuzz-send" --endpoint "$(sed -n 's/^MARLAAS_VERIFIERS=//p' "$RUN/env")" --type push --count 1200 \
-    --seed 7 --only valid --message done > "$tmp/flood.out" || { echo "FAIL: $(cat "$tmp/flood.out")"; fail=1; }
+    --seed 7 --only valid --message done --keys "$RUN/keys" --as rollout --server verifier > "$tmp/flood.out" || { echo "FAIL: $(cat "$tmp/flood.out")"; fail=1; }
 sF=0
 for _ in $(seq 1 60); do
     sF=$(num "$(job_field "$T" "$jF" step)")

@@ -251,9 +251,10 @@ Test(bf16, weights_setting_of_the_services) {
         int bf16;
     } cases[] = {{"bf16", 1}, {"fp32", 0}, {"auto", 0}, {NULL, 0}, {"fp16", -1}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char *argv[] = {"marlaas-trainer", "--model", "models/micro", "--weights", (char *)cases[i].value, NULL};
+        char *argv[] = {"marlaas-trainer", "--insecure", "--model", "models/micro", "--weights", (char *)cases[i].value,
+                        NULL};
         svc_t s;
-        cr_assert_eq(svc_init(&s, "trainer", cases[i].value ? 5 : 3, argv, ""), 0);
+        cr_assert_eq(svc_init(&s, "trainer", cases[i].value ? 6 : 4, argv, ""), 0);
         err[0] = '\0';
         int bf16 = kernels_weights_bf16(kernels_cpu(), svc_get(&s, SVC_WEIGHTS), err, ERR_LEN);
         cr_assert_eq(bf16, cases[i].bf16, "--weights %s", cases[i].value);

@@ -24,8 +24,8 @@ typedef struct {
 
 static svc_t svc_for_test(void) {
     svc_t s;
-    char *argv[] = {"marlaas-test", "--http", "0", NULL};
-    cr_assert_eq(svc_init(&s, "test", 3, argv, ""), 0);
+    char *argv[] = {"marlaas-test", "--http", "0", "--insecure", NULL};   // inproc sockets only
+    cr_assert_eq(svc_init(&s, "test", 4, argv, ""), 0);
     char err[ERR_LEN];
     cr_assert_eq(svc_serve(&s, err), 0, "%s", err);
     return s;
@@ -206,4 +206,18 @@ Test(loop, timers_keep_their_period_and_the_heartbeat_exports) {
     free(text);
     svc_loop_destroy(&c.l);
     svc_close(&s);
+}
+
+// A service refuses to start with plain links unless told --insecure: no keys, no service.
+Test(loop, service_without_keys_refuses_to_start) {
+    unsetenv("MARLAAS_KEYS");
+    unsetenv("MARLAAS_INSECURE");
+    svc_t s;
+    char *argv[] = {"marlaas-test", "--http", "0", NULL};
+    cr_assert_eq(svc_init(&s, "test", 3, argv, ""), -1);
+    char *argv2[] = {"marlaas-test", "--http", "0", "--keys", "/nonexistent/keys", NULL};
+    cr_assert_eq(svc_init(&s, "test", 5, argv2, ""), -1);
+    setenv("MARLAAS_INSECURE", "1", 1);
+    cr_assert_eq(svc_init(&s, "test", 3, argv, ""), 0);
+    unsetenv("MARLAAS_INSECURE");
 }

@@ -10,7 +10,9 @@
 //   3. consistency of the MARLaaS deployment: every workload's containers have readiness and
 //      liveness probes on a named port and CPU/memory requests and limits; every Service selects
 //      pods and targets their named ports; the ConfigMap's endpoints (tcp://NAME:PORT, NAME:PORT)
-//      name a Service with that port; envFrom / secretKeyRef name objects and keys that exist;
+//      name a Service with that port; envFrom / secretKeyRef / secret volumes name objects and
+//      keys that exist; every MARLaaS container mounts the CURVE keys at MARLAAS_KEYS, with its
+//      own service's secret and no other's, and none sets MARLAAS_INSECURE;
 //      HPA and PDB targets exist; the verifiers' Service is headless; every namespaced object is
 //      in the namespace; with --gpu NAME,... those Deployments limit nvidia.com/gpu and tolerate
 //      the GPU taint, and without it nothing asks for a GPU.
@@ -158,6 +160,28 @@ for (const w of workloads) {
                 bad(w, `container ${c.name} has a GPU but not MARLAAS_BACKEND=cuda`);
         } else if (lim !== undefined || ((r.requests || {})['nvidia.com/gpu'] !== undefined)) {
             bad(w, `container ${c.name} asks for nvidia.com/gpu`);
+        }
+        // CURVE keys: a secret volume mounted where MARLAAS_KEYS points, with this service's secret
+        if (c.image && c.image.startsWith('marlaas')) {
+            const keysDir = (byKind('ConfigMap').find((m) => (c.envFrom || []).some((ef) => ef.configMapRef &&
+                ef.configMapRef.name === m.metadata.name)) || {data: {}}).data.MARLAAS_KEYS;
+            const mount = (c.volumeMounts || []).find((m) => m.mountPath === keysDir);
+            const vol = mount && (w.spec.template.spec.volumes || []).find((v) => v.name === mount.name);
+            const items = vol && vol.secret ? (vol.secret.items || []).map((i) => i.key) : [];
+            if (!keysDir) bad(w, `container ${c.name}: no MARLAAS_KEYS in its ConfigMap (links would be refused)`);
+            else if (!vol || !vol.secret) bad(w, `container ${c.name} mounts no secret at MARLAAS_KEYS=${keysDir}`);
+            else if (items.some((k) => k.endsWith('.key_secret') && k !== `${w.metadata.name}.key_secret`))
+                bad(w, 'the keys volume holds another service\'s secret key');
+            else if (!items.includes(`${w.metadata.name}.key_secret`)) bad(w, `the keys volume lacks ${w.metadata.name}.key_secret`);
+            if ((c.env || []).some((e) => e.name === 'MARLAAS_INSECURE')) bad(w, `container ${c.name} sets MARLAAS_INSECURE`);
+        }
+        for (const v of w.spec.template.spec.volumes || []) {
+            if (!v.secret) continue;
+            const s = byKind('Secret').find((x) => x.metadata.name === v.secret.secretName);
+            const keys = s ? Object.keys({...(s.data || {}), ...(s.stringData || {})}) : [];
+            if (!s) bad(w, `volume ${v.name} names secret ${v.secret.secretName}, which does not exist`);
+            for (const it of v.secret.items || [])
+                if (s && !keys.includes(it.key)) bad(w, `volume ${v.name}: secret ${s.metadata.name} has no key ${it.key}`);
         }
         for (const ef of c.envFrom || [])
             if (ef.configMapRef && !byKind('ConfigMap').some((m) => m.metadata.name === ef.configMapRef.name))
