@@ -34,6 +34,9 @@
 // operations themselves (invalid specs, unknown jobs, bad arguments) instead of stopping at
 // "invalid token".
 //
+// --type pull or sub sends nothing: it takes the frames the socket yields within --wait-ms and
+// prints how many ("received N frames"), as an eavesdropper on the work or event ports would.
+//
 // A cluster's links are CURVE-authenticated: a plain sender never gets a frame through. To test
 // what an insider holding a stolen key could do, --keys DIR --as NAME --server NAME connects with
 // service NAME's keypair (DIR/NAME.key_secret) to a socket of service --server; --server-key KEY
@@ -703,10 +706,10 @@ static void send_parts(sender_t *s, buf_t *parts, int n) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: marlaas-fuzz-send --endpoint tcp://HOST:PORT --type push|dealer|req|pub --count N\n"
+    fprintf(f, "usage: marlaas-fuzz-send --endpoint tcp://HOST:PORT --type push|dealer|req|pub|pull|sub --count N\n"
                "                         [--seed S] [--oversize] [--oversize-bytes B] [--token T] [--wait-ms MS]\n"
                "                         [--only KIND,...] [--message TYPE,...]\n"
-               "                         [--keys DIR --as NAME --server NAME | --server-key KEY]\n"
+               "                         [--keys DIR --as NAME --server NAME | --server-key KEY] [--send-timeout-ms MS]\n"
                "Sends N hostile frames (deterministic for the seed) and exits; see the source header.\n");
 }
 
@@ -753,7 +756,7 @@ static int parse_u64(const char *flag, const char *s, uint64_t lo, uint64_t hi, 
 
 int main(int argc, char **argv) {
     const char *endpoint = NULL, *type_s = "push", *token = NULL;
-    uint64_t count = 100, seed = 1, oversize_bytes = (uint64_t)PROTO_MAX_FRAME + 1, wait_ms = 1000;
+    uint64_t count = 100, seed = 1, oversize_bytes = (uint64_t)PROTO_MAX_FRAME + 1, wait_ms = 1000, send_ms = 2000;
     bool oversize = false;
     static struct option lo[] = {{"endpoint", required_argument, 0, 'e'}, {"type", required_argument, 0, 't'},
                                  {"count", required_argument, 0, 'n'},    {"seed", required_argument, 0, 's'},
@@ -762,6 +765,7 @@ int main(int argc, char **argv) {
                                  {"only", required_argument, 0, 'y'},     {"message", required_argument, 0, 'm'},
                                  {"keys", required_argument, 0, 'K'},     {"as", required_argument, 0, 'A'},
                                  {"server", required_argument, 0, 'S'},   {"server-key", required_argument, 0, 'P'},
+                                 {"send-timeout-ms", required_argument, 0, 'T'},
                                  {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     const char *only = NULL, *messages = NULL, *keys = NULL, *as = NULL, *server = NULL, *server_key = NULL;
     int o;
@@ -782,6 +786,7 @@ int main(int argc, char **argv) {
         case 'A': as = optarg; break;
         case 'S': server = optarg; break;
         case 'P': server_key = optarg; break;
+        case 'T': bad = parse_u64("--send-timeout-ms", optarg, 1, 600000, &send_ms); break;
         case 'h': usage(stdout); return 0;
         default: bad = 1;
         }
@@ -796,9 +801,11 @@ int main(int argc, char **argv) {
         return 2;
     for (int i = 0; i < cfg.n_msgs; i++) cfg.req_allowed |= cfg.msgs[i] == MT_REQ;
     int type = !strcmp(type_s, "push") ? ZMQ_PUSH : !strcmp(type_s, "dealer") ? ZMQ_DEALER
-             : !strcmp(type_s, "req") ? ZMQ_REQ : !strcmp(type_s, "pub") ? ZMQ_PUB : -1;
+             : !strcmp(type_s, "req") ? ZMQ_REQ : !strcmp(type_s, "pub") ? ZMQ_PUB
+             : !strcmp(type_s, "pull") ? ZMQ_PULL : !strcmp(type_s, "sub") ? ZMQ_SUB : -1;
     if (!endpoint || type < 0 || optind < argc) {
-        if (type < 0) fprintf(stderr, "marlaas-fuzz-send: --type must be push, dealer, req or pub, got '%s'\n", type_s);
+        if (type < 0)
+            fprintf(stderr, "marlaas-fuzz-send: --type must be push, dealer, req, pub, pull or sub, got '%s'\n", type_s);
         usage(stderr);
         return 2;
     }
@@ -810,8 +817,9 @@ int main(int argc, char **argv) {
         if (ctx) zmq_ctx_term(ctx);
         return 2;
     }
-    // Bounded everywhere: a peer that stops reading costs at most 2 s per frame and 2 s at exit.
-    int hwm = 100000, sndtimeo = 2000, linger = 2000, one = 1;
+    // Bounded everywhere: a peer that stops reading (or a handshake that never completes) costs
+    // at most --send-timeout-ms (2000) per frame and 2 s at exit.
+    int hwm = 100000, sndtimeo = (int)send_ms, linger = 2000, one = 1;
     zmq_setsockopt(s.sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s.sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo);
     zmq_setsockopt(s.sock, ZMQ_LINGER, &linger, sizeof linger);
@@ -847,6 +855,30 @@ int main(int argc, char **argv) {
         zmq_close(s.sock);
         zmq_ctx_term(ctx);
         return 2;
+    }
+    if (type == ZMQ_PULL || type == ZMQ_SUB) {
+        // the eavesdropper: take what the socket yields within --wait-ms (a PULL on the work
+        // port takes tasks meant for rollouts; a SUB on an event port reads every event)
+        if (type == ZMQ_SUB) zmq_setsockopt(s.sock, ZMQ_SUBSCRIBE, "", 0);
+        uint64_t got = 0, bytes = 0;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            long left = (long)wait_ms - ((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000);
+            if (left <= 0) break;
+            zmq_pollitem_t it = {.socket = s.sock, .events = ZMQ_POLLIN};
+            if (zmq_poll(&it, 1, left) <= 0) continue;
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, s.sock, ZMQ_DONTWAIT) >= 0) got++, bytes += zmq_msg_size(&m);
+            zmq_msg_close(&m);
+        }
+        printf("received %" PRIu64 " frames (%" PRIu64 " bytes) from %s (%s) in %" PRIu64 " ms\n", got, bytes, endpoint,
+               type_s, wait_ms);
+        zmq_close(s.sock);
+        zmq_ctx_term(ctx);
+        return 0;
     }
     if (type == ZMQ_PUB) {
         // a subscriber sees only what is sent after it has connected and subscribed

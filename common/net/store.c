@@ -17,6 +17,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <sodium.h>
+
 #include "common/util/log.h"
 
 #define STORE_BACKOFF_MIN_MS 50
@@ -29,6 +31,7 @@ struct store {
     char *host;
     int port;
     char *prefix;
+    char *user, *password; // AUTH on every connection when password is set
     redisContext *ctx;     // NULL while disconnected
     int retry_ms;
     bool down;             // an outage was logged and no command has succeeded since
@@ -65,8 +68,24 @@ static int store_connect(store_t *s, int timeout_ms, char *why) {
         redisFree(c);
         return -1;
     }
+    if (store_redis_auth(c, s->user, s->password, why)) {
+        redisFree(c);
+        return -1;
+    }
     s->ctx = c;
     return 0;
+}
+
+int store_redis_auth(redisContext *c, const char *user, const char *password, char *why) {
+    if (!password || !*password) return 0;
+    redisReply *r = user && *user ? redisCommand(c, "AUTH %s %s", user, password) : redisCommand(c, "AUTH %s", password);
+    if (!r) return err_set(why, "AUTH: %s", c->errstr[0] ? c->errstr : "no reply");
+    int rc = 0;
+    if (r->type == REDIS_REPLY_ERROR)
+        rc = err_set(why, "Redis refused the password (%.200s): check MARLAAS_REDIS_PASSWORD%s", r->str,
+                     user && *user ? " and MARLAAS_REDIS_USER" : "");
+    freeReplyObject(r);
+    return rc;
 }
 
 // Reconnects with exponential backoff until deadline (util_now() seconds). The connect
@@ -90,6 +109,11 @@ static int store_reconnect(store_t *s, double deadline, char *why) {
 }
 
 store_t *store_new(const char *host, int port, const char *prefix, char *err) {
+    return store_new_auth(host, port, prefix, NULL, NULL, err);
+}
+
+store_t *store_new_auth(const char *host, int port, const char *prefix, const char *user, const char *password,
+                        char *err) {
     if (!host || !*host) {
         err_set(err, "cannot connect to Redis: no host given");
         return NULL;
@@ -102,6 +126,8 @@ store_t *store_new(const char *host, int port, const char *prefix, char *err) {
     s->host = xstrdup(host);
     s->port = port;
     s->prefix = xstrdup(prefix ? prefix : STORE_DEFAULT_PREFIX);
+    s->user = user && *user ? xstrdup(user) : NULL;
+    s->password = password && *password ? xstrdup(password) : NULL;
     s->retry_ms = STORE_DEFAULT_RETRY_MS;
     char why[ERR_LEN];
     if (store_connect(s, STORE_CONNECT_TIMEOUT_MS, why) != 0) {
@@ -118,6 +144,9 @@ void store_destroy(store_t **sp) {
     if (s->ctx) redisFree(s->ctx);
     free(s->host);
     free(s->prefix);
+    free(s->user);
+    if (s->password) sodium_memzero(s->password, strlen(s->password));
+    free(s->password);
     free(s);
     *sp = NULL;
 }

@@ -87,6 +87,13 @@ typedef struct {
 // reported at once: NULL + err "cannot connect to Redis at HOST:PORT: <reason>; is
 // redis-server running?".
 store_t *store_new(const char *host, int port, const char *prefix, char *err);
+// Same, authenticating every connection (the first and each reconnection) with AUTH: password
+// alone (the default user, or a requirepass server) or user + password (a Redis 6+ ACL user).
+// A refused password fails store_new_auth at once with a message that names the setting.
+store_t *store_new_auth(const char *host, int port, const char *prefix, const char *user, const char *password,
+                        char *err);
+// AUTH on a connection of the caller's (NULL password: nothing to do). 0, or -1 + why.
+int store_redis_auth(redisContext *c, const char *user, const char *password, char *why);
 
 // Closes the connection and frees the store; sets *s to NULL. Accepts NULL and *s == NULL.
 void store_destroy(store_t **s);

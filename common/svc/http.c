@@ -16,6 +16,8 @@
 
 #include "common/util/util.h"
 
+#define HTTP_MAX_CONNECTIONS 512
+
 struct http_srv {
     struct MHD_Daemon *d;
     metrics_t *m;
@@ -108,7 +110,7 @@ http_srv_t *http_start(const char *setting, metrics_t *m, char *err) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) < 0 || listen(fd, 64) < 0) {
+    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) < 0 || listen(fd, 256) < 0) {
         err_set(err, "cannot serve HTTP on %s:%d: %s (set --http / MARLAAS_HTTP to a free port, or 0 to turn it off)",
                 host, port, strerror(errno));
         if (fd >= 0) close(fd);
@@ -123,10 +125,14 @@ http_srv_t *http_start(const char *setting, metrics_t *m, char *err) {
         return NULL;
     }
     h->m = m, h->fd = fd, h->port = port;
-    // a scrape is small: few connections, short timeouts, so a slow client cannot hold the thread
+    // One polling thread serves every connection, so a client that trickles its request holds a
+    // slot, not the thread. Slots are many and a silent connection is closed after 5 s; one
+    // address may hold at most a quarter of them, so the probes (the kubelet's, the scraper's)
+    // find a free slot while others hold connections open.
     h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC, 0, NULL, NULL, handle, m,
-                            MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned)32,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+                            MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(HTTP_MAX_CONNECTIONS / 4),
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)5, MHD_OPTION_END);
     if (!h->d) {
         err_set(err, "cannot start the HTTP server on %s:%d (libmicrohttpd refused its settings)", host, port);
         close(fd);

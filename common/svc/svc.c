@@ -194,7 +194,15 @@ store_t *svc_store(const svc_t *s, char *err) {
     char host[256];
     int port;
     redis_addr(s, host, sizeof host, &port);
-    store_t *st = store_new(host, port, s->opt[SVC_PREFIX], err);
+    // the password from the environment only (a flag would show in `ps`)
+    const char *pw = getenv("MARLAAS_REDIS_PASSWORD");
+    if (pw && !strcmp(pw, "replace-with-a-random-password")) {
+        err_set(err, "MARLAAS_REDIS_PASSWORD is the placeholder of deploy/k8s/base/config.yaml: set the Secret "
+                     "marlaas-redis to a random password");
+        return NULL;
+    }
+    store_t *st = store_new_auth(host, port, s->opt[SVC_PREFIX], getenv("MARLAAS_REDIS_USER"),
+                                 getenv("MARLAAS_REDIS_PASSWORD"), err);
     store_set_abort(st, svc_stopping);
     return st;
 }
@@ -216,6 +224,15 @@ static bool redis_check(void *ctx, char *why, size_t n) {
     if (!probe.c) {
         probe.c = redisConnectWithTimeout(probe.host, probe.port, tv);
         if (probe.c && !probe.c->err) redisSetTimeout(probe.c, tv);
+        char e2[ERR_LEN];
+        if (probe.c && !probe.c->err &&
+            store_redis_auth(probe.c, getenv("MARLAAS_REDIS_USER"), getenv("MARLAAS_REDIS_PASSWORD"), e2)) {
+            snprintf(why, n, "%s", e2);
+            redisFree(probe.c);
+            probe.c = NULL;
+            pthread_mutex_unlock(&probe.mu);
+            return false;
+        }
     }
     bool ok = false;
     if (probe.c && !probe.c->err) {
@@ -305,7 +322,33 @@ void svc_ready(svc_t *s, bool ready, const char *why_not) {
     update_ready(s);
 }
 
-void svc_tick(svc_t *s) { metrics_alive(s->met); }
+// Rejections are logged one line per reason and period: the first at once, the rest counted and
+// summed up in one line when the period ends (a flood of bad frames costs a line every
+// SVC_REJECT_LOG_S seconds, not one per frame). The reason is the message up to its detail
+// (" (" or ": "), with the job.
+#define SVC_REJECT_LOG_S 5.0
+#define SVC_REJECT_REASONS 32
+static struct {
+    char reason[96], job[64];
+    double first;        // start of the period
+    uint64_t more;       // rejections since the line that opened the period
+    bool used;
+} rej[SVC_REJECT_REASONS];
+
+static void rej_flush(int i, double now) {
+    if (rej[i].more)
+        LOG_AT(LOGL_WARN, rej[i].job[0] ? rej[i].job : NULL, "%s: %llu more in the last %.0f s (one line per %.0f s)",
+               rej[i].reason, (unsigned long long)rej[i].more, now - rej[i].first, SVC_REJECT_LOG_S);
+    rej[i].more = 0;
+    rej[i].used = false;
+}
+
+void svc_tick(svc_t *s) {
+    metrics_alive(s->met);
+    double now = util_now();
+    for (int i = 0; i < SVC_REJECT_REASONS; i++)
+        if (rej[i].used && now - rej[i].first >= SVC_REJECT_LOG_S) rej_flush(i, now);
+}
 
 void svc_busy(svc_t *s, double busy_s, double up_s) {
     metrics_set(s->met, s->m_busy_s, NULL, busy_s);
@@ -326,6 +369,30 @@ void svc_reject(svc_t *s, const char *job, const char *fmt, ...) {
     s->rejected++;
     metrics_add(s->met, s->m_rejected, NULL, 1);
     metrics_add(s->met, s->m_errors, NULL, 1);
+    char reason[96];
+    size_t cut = strcspn(msg, "(:");
+    snprintf(reason, sizeof reason, "%.*s", (int)(cut > 0 && msg[cut - 1] == ' ' ? cut - 1 : cut), msg);
+    double now = util_now();
+    int slot = -1, oldest = 0;
+    for (int i = 0; i < SVC_REJECT_REASONS; i++) {
+        if (rej[i].used && !strcmp(rej[i].reason, reason) && !strcmp(rej[i].job, job ? job : "")) {
+            slot = i;
+            break;
+        }
+        if (!rej[i].used || (rej[oldest].used && rej[i].first < rej[oldest].first)) oldest = i;
+    }
+    if (slot >= 0 && now - rej[slot].first < SVC_REJECT_LOG_S) {
+        rej[slot].more++;
+        return;
+    }
+    if (slot >= 0) rej_flush(slot, now);
+    else if (rej[oldest].used) rej_flush(oldest, now);
+    slot = slot >= 0 ? slot : oldest;
+    snprintf(rej[slot].reason, sizeof rej[slot].reason, "%s", reason);
+    snprintf(rej[slot].job, sizeof rej[slot].job, "%s", job ? job : "");
+    rej[slot].first = now;
+    rej[slot].more = 0;
+    rej[slot].used = true;
     LOG_AT(LOGL_WARN, job, "%s", msg);
 }
 

@@ -85,15 +85,17 @@ void svc_http_default(svc_t *s, const char *value);
 store_t *svc_open(svc_t *s);
 // The service's own readiness (combined with Redis reachability for /readyz).
 void svc_ready(svc_t *s, bool ready, const char *why_not);
-// The main loop turned (liveness for /healthz). Call once per loop iteration.
+// The main loop turned (liveness for /healthz; ends the periods of rate-limited reject lines).
+// Call once per loop iteration.
 void svc_tick(svc_t *s);
 // Busy accounting for the common families: busy seconds so far and uptime.
 void svc_busy(svc_t *s, double busy_s, double up_s);
 // An input message taken (the received family and count).
 void svc_received(svc_t *s);
 // The one reject path: an input message refused (malformed, or unusable: a batch for a job this
-// replica does not hold, ...). Counts it (rejected and errors families, s->rejected) and logs
-// one warning line, of the job when job is not NULL. The message is the caller's to free.
+// replica does not hold, ...). Counts it (rejected and errors families, s->rejected) and logs a
+// warning, of the job when job is not NULL, rate-limited per reason (the message up to " (" or
+// ": ") and job: the first at once, then one line with the count of the others every 5 s.
 void svc_reject(svc_t *s, const char *job, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 // Stops the HTTP endpoint and frees the registry.
 void svc_close(svc_t *s);

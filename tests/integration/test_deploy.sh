@@ -19,7 +19,7 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 # --- docker-compose -----------------------------------------------------------------------------
-export MARLAAS_ADMIN_TOKEN=compose-check-token-0123
+export MARLAAS_ADMIN_TOKEN=compose-check-token-0123 MARLAAS_REDIS_PASSWORD=compose-check-password-0123
 check "docker-compose config" docker-compose -f docker-compose.yml config -q
 check "docker-compose config with the GPU override" docker-compose -f docker-compose.yml -f docker-compose.gpu.yml config -q
 docker-compose -f docker-compose.yml config > "$TMP/compose.yaml"
@@ -51,6 +51,9 @@ for name in ("scheduler", "trainer", "verifier", "rollout"):
     if s[name].get("depends_on", {}).get("keys", {}).get("condition") != "service_completed_successfully":
         bad(f"{name} may start before the keys exist")
 cmd = " ".join(s["redis"].get("command", []))
+if "requirepass" not in cmd: bad("redis without a password")
+for name in ("scheduler", "trainer", "verifier", "rollout"):
+    if not s[name]["environment"].get("MARLAAS_REDIS_PASSWORD"): bad(f"{name} has no MARLAAS_REDIS_PASSWORD")
 if "--appendonly yes" not in cmd: bad("redis without an append-only file")
 if not any(":/data" in str(v) for v in s["redis"].get("volumes", [])) and not any(
         isinstance(v, dict) and v.get("target") == "/data" for v in s["redis"].get("volumes", [])): bad("redis data not on a volume")
@@ -68,6 +71,14 @@ if out=$(docker-compose -f docker-compose.yml config -q 2>&1); then
 else
     check "compose names the missing token" grep -q "set MARLAAS_ADMIN_TOKEN" <<< "$out"
 fi
+export MARLAAS_ADMIN_TOKEN=compose-check-token-0123
+unset MARLAAS_REDIS_PASSWORD
+if out=$(docker-compose -f docker-compose.yml config -q 2>&1); then
+    echo "FAILED: docker-compose accepted a configuration without MARLAAS_REDIS_PASSWORD"; fail=1
+else
+    check "compose names the missing Redis password" grep -q "set MARLAAS_REDIS_PASSWORD" <<< "$out"
+fi
+unset MARLAAS_ADMIN_TOKEN
 echo "compose: $(docker-compose version --short 2>/dev/null || echo '?') validated docker-compose.yml and the GPU override"
 
 # --- Dockerfile ---------------------------------------------------------------------------------

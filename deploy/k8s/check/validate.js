@@ -12,7 +12,8 @@
 //      pods and targets their named ports; the ConfigMap's endpoints (tcp://NAME:PORT, NAME:PORT)
 //      name a Service with that port; envFrom / secretKeyRef / secret volumes name objects and
 //      keys that exist; every MARLaaS container mounts the CURVE keys at MARLAAS_KEYS, with its
-//      own service's secret and no other's, and none sets MARLAAS_INSECURE;
+//      own service's secret and no other's, and none sets MARLAAS_INSECURE; Redis requires a
+//      password and every MARLaaS container takes MARLAAS_REDIS_PASSWORD from a Secret;
 //      HPA and PDB targets exist; the verifiers' Service is headless; every namespaced object is
 //      in the namespace; with --gpu NAME,... those Deployments limit nvidia.com/gpu and tolerate
 //      the GPU taint, and without it nothing asks for a GPU.
@@ -174,7 +175,12 @@ for (const w of workloads) {
                 bad(w, 'the keys volume holds another service\'s secret key');
             else if (!items.includes(`${w.metadata.name}.key_secret`)) bad(w, `the keys volume lacks ${w.metadata.name}.key_secret`);
             if ((c.env || []).some((e) => e.name === 'MARLAAS_INSECURE')) bad(w, `container ${c.name} sets MARLAAS_INSECURE`);
+            const pw = (c.env || []).find((e) => e.name === 'MARLAAS_REDIS_PASSWORD');
+            if (!pw || !(pw.valueFrom && pw.valueFrom.secretKeyRef))
+                bad(w, `container ${c.name}: no MARLAAS_REDIS_PASSWORD from a Secret`);
         }
+        if (c.image && c.image.startsWith('redis') && !(c.args || c.command || []).includes('--requirepass'))
+            bad(w, `container ${c.name}: Redis without --requirepass`);
         for (const v of w.spec.template.spec.volumes || []) {
             if (!v.secret) continue;
             const s = byKind('Secret').find((x) => x.metadata.name === v.secret.secretName);

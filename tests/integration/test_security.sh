@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Attacks from the network on a live local cluster, by a process that holds none of the
+# cluster's keys. The same attacks run twice: against a default `marlaas up` (CURVE on every
+# link), where each must fail, and against `marlaas up --insecure`, where each must succeed (so
+# that the test can fail). Meanwhile a tenant's job trains; it must finish in both.
+#   steal      a PULL socket on the work port takes the tasks meant for the rollouts (B6)
+#   listen     SUB sockets on the job and adapter event ports read every tenant's events (B6)
+#   forge      frames pushed to the scheduler's reports, the verifiers' and the trainer's ports
+#              reach their decoders (B4, B5; counted by marlaas_messages_rejected_total)
+#   stranger   the same pushes with a CURVE keypair of the attacker's own, holding the real
+#              public keys of the servers (public keys are not secret)
+#   plain API  a client without CURVE asks the API for the tenant's jobs
+#   slow HTTP  64 connections trickle bytes into the services' HTTP ports (B2): /healthz of
+#              every service answers within 1 s all the same
+# The refused frames of the insecure run also show that rejections are logged a few lines per
+# reason, not one line per frame.
+set -uo pipefail   # every outcome is checked below; an attack tool that fails is an outcome
+source tests/integration/lib.sh
+FUZZ="$BIN/marlaas-fuzz-send"
+tmp=$(mktemp -d)
+cleanup() {
+    cluster_down
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail=0
+envv() { sed -n "s/^$1=//p" "$RUN/env"; }
+num() { [[ "${1:-}" =~ ^[0-9]+$ ]] && echo "$1" || echo 0; }
+rejected() { num "$(metric "$(svc_http "$1")" marlaas_messages_rejected_total | cut -d. -f1)"; }
+stepped() { [ "$(num "$(job_field "$A" "$J" step)")" -ge 1 ]; }
+received() { sed -n 's/^received \([0-9]*\) frames.*/\1/p' <<< "$1"; }
+
+# attack MODE: runs every attack against the cluster in $RUN; prints one line per attack
+# "NAME N" with N the frames, events or replies the attacker got through
+attack() {
+    local w e te rp vf tr r0 r1 out
+    w=$(envv MARLAAS_WORK) e=$(envv MARLAAS_EVENTS) te=$(envv MARLAAS_TRAINER_EVENTS)
+    rp=$(envv MARLAAS_REPORTS) vf=$(envv MARLAAS_VERIFIERS) tr=$(envv MARLAAS_TRAINER)
+    # listening first: a thief on the work port stalls the job until its leases run out
+    "$FUZZ" --endpoint "$e" --type sub --wait-ms 4000 > "$tmp/sub-events" &
+    out=$("$FUZZ" --endpoint "$te" --type sub --wait-ms 4000)
+    wait
+    echo "listen $(( $(received "$out") + $(received "$(cat "$tmp/sub-events")") ))"
+    out=$("$FUZZ" --endpoint "$w" --type pull --wait-ms 4000)
+    echo "steal $(received "$out")"
+    # forged frames: the sum of what the three receivers counted as refused input
+    local total=0
+    for t in "scheduler $rp" "verifier $vf" "trainer $tr"; do
+        set -- $t
+        r0=$(rejected "$1")
+        "$FUZZ" --endpoint "$2" --type push --count 100 --seed 3 --wait-ms 500 --send-timeout-ms 50 > /dev/null
+        sleep 1.5   # the counters are exported once a second
+        r1=$(rejected "$1")
+        total=$((total + r1 - r0))
+    done
+    echo "forge $total"
+    # a keypair of the attacker's own with the servers' real public keys
+    rm -rf "$tmp/att"
+    "$M" keys generate "$tmp/att" > /dev/null
+    cp "$RUN/keys/scheduler.key" "$RUN/keys/verifier.key" "$RUN/keys/trainer.key" "$tmp/att/" 2>/dev/null || true
+    total=0
+    for t in "scheduler $rp" "verifier $vf" "trainer $tr"; do
+        set -- $t
+        r0=$(rejected "$1")
+        "$FUZZ" --endpoint "$2" --type push --count 100 --seed 4 --wait-ms 500 --send-timeout-ms 50 --keys "$tmp/att" --as rollout \
+            --server "$1" > /dev/null
+        sleep 1.5
+        r1=$(rejected "$1")
+        total=$((total + r1 - r0))
+    done
+    echo "stranger $total"
+    # a client without CURVE: no key, told plain
+    if MARLAAS_RUN_DIR=/nonexistent MARLAAS_API="$(envv MARLAAS_API)" MARLAAS_INSECURE=1 \
+        "$M" jobs --token "$A" > "$tmp/plain.out" 2>&1; then
+        echo "plain_api 1"
+    else
+        echo "plain_api 0"
+    fi
+    # slow HTTP clients: 64 connections trickle header bytes; every probe still answers in 1 s
+    local pids=() port slow=0
+    for port in $(awk '{print $2}' "$RUN/http" | cut -d: -f2); do
+        for _ in $(seq 1 16); do
+            (exec 3<> "/dev/tcp/127.0.0.1/$port" || exit 0
+             for _ in $(seq 1 20); do printf 'X' >&3 || exit 0; sleep 0.5; done) 2> /dev/null &
+            pids+=($!)
+        done
+    done
+    sleep 2
+    for port in $(awk '{print $2}' "$RUN/http" | cut -d: -f2); do
+        curl -sf --max-time 1 "http://127.0.0.1:$port/healthz" > /dev/null || slow=$((slow + 1))
+    done
+    kill "${pids[@]}" 2> /dev/null
+    wait "${pids[@]}" 2> /dev/null
+    echo "slow_http $slow"
+}
+
+run_mode() {   # run_mode secure|insecure
+    local mode=$1 flags=()
+    [ "$mode" = insecure ] && flags=(--insecure)
+    cluster_up --model models/micro "${flags[@]}" > "$tmp/up-$mode.log" 2>&1 || { cat "$tmp/up-$mode.log"; return 1; }
+    trap cleanup EXIT   # cluster_up installed its own
+    A=$(mk_tenant alice)
+    # J keeps work in flight during the attacks (cancelled after them); K must finish
+    J=$(submit "$A" --task vowels --steps 5000 --prompts 8 --eval-every 5000 --eval-n 16)
+    K=$(submit "$A" --task pad --steps 15 --prompts 8 --eval-every 15 --eval-n 16)
+    wait_for 60 stepped || echo "(job $J had not stepped before the attacks)"
+    attack > "$tmp/$mode.txt"
+    "$M" cancel "$J" --token "$A" > /dev/null
+    wait_jobs "$A" 600 || true
+    echo "job $(job_field "$A" "$K" status)" >> "$tmp/$mode.txt"
+    # a flood of refused frames costs a few log lines, not one per frame
+    echo "log_lines $(cat "$RUN"/logs/{scheduler,verifier,trainer}.log | grep -c 'dropped a malformed')" >> "$tmp/$mode.txt"
+    cluster_down
+    RUN=
+}
+
+run_mode secure
+run_mode insecure
+got() { awk -v k="$2" '$1==k{print $2}' "$tmp/$1.txt"; }
+printf '%-9s %8s %8s\n' attack secure insecure
+for a in steal listen forge stranger plain_api slow_http; do
+    printf '%-9s %8s %8s\n' "$a" "$(got secure $a)" "$(got insecure $a)"
+    check "secure cluster: $a got nothing through ($(got secure $a))" [ "$(got secure $a)" = 0 ]
+done
+# the attacks succeed on plain links (the test can fail); the stranger's key is not even needed there
+for a in steal listen forge plain_api; do
+    check "insecure cluster: $a gets through ($(got insecure $a))" [ "$(num "$(got insecure $a)")" -gt 0 ]
+done
+check "the tenant's job finished on the secure cluster ($(got secure job))" [ "$(got secure job)" = done ]
+check "the tenant's job finished on the insecure cluster ($(got insecure job))" [ "$(got insecure job)" = done ]
+check "$(got insecure forge) refused frames logged in at most 30 lines ($(got insecure log_lines))" \
+    [ "$(num "$(got insecure log_lines)")" -le 30 ]
+[ $fail = 0 ] && echo "security: without a key of the cluster, steal/listen/forge/stranger/plain API got 0 through" \
+    "(insecure: $(got insecure steal) tasks, $(got insecure listen) events, $(got insecure forge) frames, API answered)"
+exit $fail
