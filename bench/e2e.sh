@@ -28,8 +28,13 @@ rm -rf "$D"
 mkdir -p "$D"
 HEADER="policy,n,wall_s,steady_s,roll_busy,roll_cpu,train_busy,train_cpu,roll_busy_steady,roll_cpu_steady,train_busy_steady,train_cpu_steady,tokens,tokens_per_s,steps,steps_per_s,acc0_mean,acc_mean,done"
 
-cluster_up --model "$MODEL" --policy "$POLICY" --threads "$THREADS" > "$D/up.log" 2>&1
+# INSECURE=1: plain links (the cost of CURVE is the difference)
+UP_FLAGS=()
+[ "${INSECURE:-0}" = 1 ] && UP_FLAGS=(--insecure)
+cluster_up --model "$MODEL" --policy "$POLICY" --threads "$THREADS" "${UP_FLAGS[@]}" > "$D/up.log" 2>&1
 REDIS_PORT=$(sed -n 's/^MARLAAS_REDIS=.*:\([0-9]*\)$/\1/p' "$RUN/env")
+REDISCLI_AUTH=$(sed -n 's/^MARLAAS_REDIS_PASSWORD=//p' "$RUN/env")   # redis-cli's password
+export REDISCLI_AUTH
 ROLL_PID=$(svc_pid rollout)
 TRAIN_PID=$(svc_pid trainer)
 HZ=$(getconf CLK_TCK)

@@ -129,6 +129,14 @@ echo "| rollout busy >= 90 % in async steady state | $(pct "$RB") | $T2R |"
 echo "| trainer busy >= 90 % in async steady state | $(pct "$TB") | $T2T |"
 echo "| mean per-job accuracy difference async - sync within 3 points | $(awk -v m="$QMEAN" 'BEGIN {printf "%+.1f points", 100 * m}') over $QN jobs | $T3 |"
 echo "| no job worse under async by more than 8 points | worst $(awk -v m="$QWORST" 'BEGIN {printf "%+.1f points", 100 * m}') | $T4 |"
+WP=$(col e2e.csv async-plain "$NMAX" wall_s)
+TP=$(col e2e.csv async-plain "$NMAX" tokens_per_s)
+TA=$(col e2e.csv async "$NMAX" tokens_per_s)
+if [ -n "$WP" ] && [ -n "$WA" ]; then
+    CURVE=$(awk -v a="$WA" -v p="$WP" 'BEGIN {printf "%.4f", a / p - 1}')
+    T5=$(pf "$(awk -v c="$CURVE" 'BEGIN {print (c <= 0.05)}')")
+    echo "| CURVE links cost <= 5 % end to end (async, default vs --insecure) | $(awk -v c="$CURVE" 'BEGIN {printf "%+.1f%%", 100 * c}') ($WA s vs $WP s; $TA vs $TP tokens/s) | $T5 |"
+fi
 echo
 echo "Two cores bound what overlap alone can give: the sync run at N = $NMAX kept rollout + trainer busy for"
 echo "$(pct "$BOUND") of two cores' time (CPU seconds from /proc), so running the same work on both cores at once"

@@ -72,11 +72,15 @@ for N in "${NS[@]}"; do
     # A second sync run of the largest N: how far two runs of the same policy differ per job
     # (GRPO samples differ), the yardstick for the async - sync quality differences.
     if [ "$N" = "${NS[-1]}" ]; then runs+=("sync 1 sync-repeat"); fi
+    # The cost of authenticated, encrypted links: the largest N asynchronously with plain links
+    # (--insecure) beside the default CURVE run.
+    if [ "$N" = "${NS[-1]}" ]; then runs+=("async 1 async-plain"); fi
     for r in "${runs[@]}"; do
         read -r pol th label <<< "$r"
         log "end to end: $label, $N jobs"
         wp=$([ "$th" -gt 1 ] && echo PASSIVE || echo "${OMP_WAIT_POLICY:-}")
-        OMP_WAIT_POLICY=$wp THREADS=$th LABEL=$label bench/e2e.sh "$pol" "$N" "$E2E" > "$E2E/$label-n$N.out" 2>&1 ||
+        ins=$([ "$label" = async-plain ] && echo 1 || echo 0)
+        INSECURE=$ins OMP_WAIT_POLICY=$wp THREADS=$th LABEL=$label bench/e2e.sh "$pol" "$N" "$E2E" > "$E2E/$label-n$N.out" 2>&1 ||
             { tail -n 20 "$E2E/$label-n$N.out" >&2; log "FAILED: $label N=$N (see $E2E/$label-n$N.out)"; }
         f="$E2E/$label-n$N/run.csv"
         if [ -f "$f" ]; then
