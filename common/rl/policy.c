@@ -45,7 +45,9 @@ bool policy_sync_full(sched_policy_t p, int in_flight, int prompts) { return p =
 bool policy_admit(sched_policy_t p, int running) { return p != POLICY_SYNC || running == 0; }
 
 bool policy_stale(uint32_t current, uint32_t sampled, int staleness) {
-    return (int64_t)current - (int64_t)sampled > staleness;
+    // a version the trainer has not published yet is no version of this job (a forged or
+    // corrupted batch): never trained, and no wrap-around makes it look fresh
+    return sampled > current || (int64_t)current - (int64_t)sampled > staleness;
 }
 
 // --- leases -----------------------------------------------------------------------------------

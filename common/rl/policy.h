@@ -82,7 +82,8 @@ double policy_start_vtime(const policy_job_t *jobs, int n);
 bool policy_sync_full(sched_policy_t p, int in_flight, int prompts);
 // Whether a queued job is admitted while `running` jobs run.
 bool policy_admit(sched_policy_t p, int running);
-// A group sampled with adapter version `sampled` may not train version `current`.
+// A group sampled with adapter version `sampled` may not train version `current`: more than
+// `staleness` versions old, or newer than `current` (never published, so never sampled).
 bool policy_stale(uint32_t current, uint32_t sampled, int staleness);
 
 // --- leases -----------------------------------------------------------------------------------

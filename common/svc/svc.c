@@ -227,7 +227,8 @@ static bool redis_check(void *ctx, char *why, size_t n) {
         char e2[ERR_LEN];
         if (probe.c && !probe.c->err &&
             store_redis_auth(probe.c, getenv("MARLAAS_REDIS_USER"), getenv("MARLAAS_REDIS_PASSWORD"), e2)) {
-            snprintf(why, n, "%s", e2);
+            snprintf(why, n, "Redis at %s:%d: %s (check --redis / MARLAAS_REDIS and the Redis server)", probe.host,
+                     probe.port, e2);
             redisFree(probe.c);
             probe.c = NULL;
             pthread_mutex_unlock(&probe.mu);

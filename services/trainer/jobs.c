@@ -241,6 +241,11 @@ int tjobs_add(tjobs_t *t, proto_batch_t *m, char *err) {
             proto_batch_free(m);
             return 1;
         }
+    if (m->adapter_version > j->version) {
+        err_set(err, "adapter version %u is newer than the job's %u: never published, so never sampled", m->adapter_version,
+                j->version);
+        return -1;
+    }
     j->seen[j->n_seen++ % SEEN_TASKS] = m->task_id;
     if (m->kind != PROTO_KIND_TRAIN) {
         proto_batch_free(m);

@@ -15,6 +15,8 @@
 #   wait_for TIMEOUT_S COMMAND...      runs COMMAND every 0.1 s until it succeeds; after TIMEOUT_S
 #                                      without success says which condition never held, returns 1
 #   env_port NAME                      the port of setting NAME in $RUN/env (MARLAAS_WORK, ...)
+#   envv NAME                          the value of setting NAME in $RUN/env
+#   make_tmp                           $tmp, removed at exit with the cluster (again after cluster_up)
 #   tcp_connected PID PORT             true while PID holds an established connection to PORT
 #   tcp_unread PID PORT [MIN_BYTES]    true while at least MIN_BYTES (default 1) sent to PID on its
 #                                      connection to PORT wait unread by PID (a stopped process)
@@ -83,6 +85,17 @@ wait_for() {
 
 env_port() {
     sed -n "s/^$1=.*:\([0-9]*\)\$/\1/p" "$RUN/env"
+}
+
+envv() {
+    sed -n "s/^$1=//p" "$RUN/env"
+}
+
+# $tmp: a directory of the test's own, removed at exit with the cluster. cluster_up installs
+# its own exit trap: call make_tmp again after it.
+make_tmp() {
+    tmp=${tmp:-$(mktemp -d)}
+    trap 'cluster_down; rm -rf "$tmp"' EXIT
 }
 
 # `ss` lists PID's established connections to loopback PORT (-p names the owner, for processes

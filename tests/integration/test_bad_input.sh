@@ -9,17 +9,11 @@ set -euo pipefail
 source tests/integration/lib.sh
 t0=$(date +%s)
 FUZZ="$BIN/marlaas-fuzz-send"
-tmp=$(mktemp -d)
-cleanup() {
-    cluster_down
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+make_tmp
 up_rc=0
 cluster_up --model models/micro || up_rc=$?
-trap cleanup EXIT   # cluster_up installed its own
+make_tmp   # cluster_up installed its own trap
 [ "$up_rc" -eq 0 ] || { echo "bad input: marlaas up failed"; exit 1; }
-envv() { sed -n "s/^$1=//p" "$RUN/env"; }
 # True while PID runs; a crashed service whose parent has exited stays a zombie until pid 1
 # reaps it, and kill -0 would still call it alive.
 proc_alive() {

@@ -17,14 +17,8 @@
 set -uo pipefail   # every outcome is checked below; an attack tool that fails is an outcome
 source tests/integration/lib.sh
 FUZZ="$BIN/marlaas-fuzz-send"
-tmp=$(mktemp -d)
-cleanup() {
-    cluster_down
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+make_tmp
 fail=0
-envv() { sed -n "s/^$1=//p" "$RUN/env"; }
 num() { [[ "${1:-}" =~ ^[0-9]+$ ]] && echo "$1" || echo 0; }
 rejected() { num "$(metric "$(svc_http "$1")" marlaas_messages_rejected_total | cut -d. -f1)"; }
 stepped() { [ "$(num "$(job_field "$A" "$J" step)")" -ge 1 ]; }
@@ -98,7 +92,7 @@ run_mode() {   # run_mode secure|insecure
     local mode=$1 flags=()
     [ "$mode" = insecure ] && flags=(--insecure)
     cluster_up --model models/micro "${flags[@]}" > "$tmp/up-$mode.log" 2>&1 || { cat "$tmp/up-$mode.log"; return 1; }
-    trap cleanup EXIT   # cluster_up installed its own
+    make_tmp   # cluster_up installed its own trap
     A=$(mk_tenant alice)
     # J keeps work in flight during the attacks (cancelled after them); K must finish
     J=$(submit "$A" --task vowels --steps 5000 --prompts 8 --eval-every 5000 --eval-n 16)

@@ -185,7 +185,12 @@ Test(policy, staleness_bound) {
     cr_assert(policy_stale(6, 5, 0));
     cr_assert_not(policy_stale(6, 5, 1));
     cr_assert(policy_stale(7, 5, 1));
-    cr_assert_not(policy_stale(3, 5, 0));   // sampled with a newer version than the trainer's (restart)
+    // a version the trainer never published: refused, whatever the distance (no wrap-around)
+    cr_assert(policy_stale(3, 5, 0));
+    cr_assert(policy_stale(5, UINT32_MAX, 1));
+    cr_assert(policy_stale(0, 1, 4));
+    cr_assert_not(policy_stale(UINT32_MAX, UINT32_MAX - 2, 2));
+    cr_assert(policy_stale(UINT32_MAX, 0, 4));
 }
 
 // The cap is what keeps groups trainable: a job issued under the async cap, whose groups come back

@@ -348,3 +348,33 @@ Test(tjobs, more_than_256_jobs) {
     tjobs_destroy(&t);
     rig_close(&r);
 }
+
+// A batch that claims an adapter version the trainer never published (a forged one: 2^32 - 1, or
+// merely one ahead) is refused with the reason and trains nothing; the job's own version trains.
+Test(tjobs, future_adapter_version_refused) {
+    rig_t r;
+    rig_open(&r, 2, "future:");
+    char err[ERR_LEN];
+    job_put(&r, "j1", "{\"task\":\"add1\",\"prompts\":1,\"group\":2,\"lr\":0.01,\"rank\":1}", 1, 7);
+    tjobs_cfg_t cfg = {.max_jobs = 2, .keep_versions = 2, .optim_every = 1, .pass_rows = 1 << 20, .shared_prefix = true};
+    tjobs_t *t = tjobs_new(r.e, r.st, &cfg, err);
+    cr_assert_not_null(t, "%s", err);
+    rng_t rng;
+    rng_seed(&rng, 9);
+    uint32_t forged[2] = {UINT32_MAX, 1};
+    for (int i = 0; i < 2; i++) {
+        proto_batch_t b;
+        err[0] = 0;
+        batch_make(&b, &rng, "j1", 10 + (uint64_t)i, forged[i], 1, 2, false);
+        cr_assert_eq(tjobs_add(t, &b, err), -1, "version %u accepted", forged[i]);
+        cr_assert(strstr(err, "newer than the job's 0"), "%s", err);
+        proto_batch_free(&b);
+    }
+    cr_assert_eq(tjobs_buffered(t), 0);
+    add(&r, t, &rng, "j1", 20, 0, 1, 2, false);
+    tjobs_result_t res[2];
+    cr_assert_eq(tjobs_step(t, res, 2), 1);
+    cr_assert(!res[0].failed && res[0].version == 1, "%s", res[0].error);
+    tjobs_destroy(&t);
+    rig_close(&r);
+}
