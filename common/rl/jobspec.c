@@ -122,9 +122,32 @@ static int get_chat_vars(const cJSON *v, char *out, size_t n, char *err) {
     return 0;
 }
 
+// A NUL escape (\u0000) anywhere in the text: cJSON would cut the string there, silently.
+static bool has_nul_escape(const char *json) {
+    for (const char *p = strstr(json, "\\u"); p; p = strstr(p + 1, "\\u")) {
+        size_t bs = 1;   // an escape only where the run of backslashes ending at p is odd
+        for (const char *q = p; q > json && q[-1] == '\\'; q--) bs++;
+        if (bs % 2 == 1 && p[2] == '0' && p[3] == '0' && p[4] == '0' && p[5] == '0') return true;
+    }
+    return false;
+}
+
 int jobspec_parse(jobspec_t *s, const char *json, char *err) {
     jobspec_defaults(s);
-    cJSON *root = cJSON_Parse(json ? json : "");
+    json = json ? json : "";
+    size_t bad = 0;
+    if (!tok_utf8_valid(json, strlen(json), &bad))
+        return err_set(err, "spec is not valid UTF-8 (byte %zu): send UTF-8 text", bad);
+    if (has_nul_escape(json)) return err_set(err, "spec holds a NUL character (\\u0000) in a string: remove it");
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(json, &end, true);
+    if (!root && end && *end && cJSON_GetErrorPtr() == end) {
+        // parsed an object, then found more: say so rather than "not JSON"
+        cJSON *first = cJSON_ParseWithOpts(json, NULL, false);
+        bool obj = first != NULL;
+        cJSON_Delete(first);
+        if (obj) return err_set(err, "spec has text after its JSON object (at byte %zu): send one object", (size_t)(end - json));
+    }
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return err_set(err, "spec must be a JSON object");

@@ -64,6 +64,13 @@ Test(jobspec, precise_errors) {
         {"{\"task\": \"d\", \"dataset\": true, \"verifier\": \"fuzzy\"}", "spec.verifier"},
         {"{\"task\": 5}", "spec.task must be a non-empty string"},
         {"not json", "JSON object"},
+        // what a parser must not let through silently: trailing text, a NUL that would cut a
+        // string, bytes that are not UTF-8
+        {"{\"task\": \"add2\"} {\"task\": \"add3\"}", "text after its JSON object"},
+        {"{\"task\": \"add2\"}garbage", "text after its JSON object"},
+        {"{\"task\": \"add2\", \"name\": \"a\\u0000b\"}", "NUL character"},
+        {"{\"task\": \"add2\", \"name\": \"\xff\xfe\"}", "not valid UTF-8"},
+        {"{\"task\": \"add2\", \"name\": \"caf\xc3\"}", "not valid UTF-8"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         jobspec_t s;
@@ -75,6 +82,9 @@ Test(jobspec, precise_errors) {
     char err[ERR_LEN];
     cr_assert_eq(jobspec_parse(&s, "{\"task\": \"mydata\", \"dataset\": true, \"verifier\": \"numeric:0.5\"}", err), 0,
                  "%s", err);
+    // an escaped backslash before "u0000" is text, not a NUL; UTF-8 names and trailing blanks pass
+    cr_assert_eq(jobspec_parse(&s, "{\"task\": \"add2\", \"name\": \"a\\\\u0000b caf\xc3\xa9\"}  \n", err), 0, "%s", err);
+    cr_assert_str_eq(s.name, "a\\u0000b caf\xc3\xa9");
 }
 
 Test(jobspec, multi_turn_env) {
