@@ -22,9 +22,13 @@ int policy_room(sched_policy_t p, const policy_job_t *j) {
 
 int policy_next_job(sched_policy_t p, const policy_job_t *jobs, int n) {
     int best = -1;
-    for (int i = 0; i < n; i++)
-        // strictly smaller: a tie goes to the job earlier in the table
-        if (policy_room(p, &jobs[i]) > 0 && (best < 0 || jobs[i].vtime < jobs[best].vtime)) best = i;
+    for (int i = 0; i < n; i++) {
+        if (policy_room(p, &jobs[i]) <= 0) continue;
+        // (tenant time, job time) strictly smaller: a tie goes to the job earlier in the table
+        if (best < 0 || jobs[i].tenant_vtime < jobs[best].tenant_vtime ||
+            (jobs[i].tenant_vtime == jobs[best].tenant_vtime && jobs[i].vtime < jobs[best].vtime))
+            best = i;
+    }
     return best;
 }
 
@@ -32,12 +36,20 @@ uint32_t policy_task_size(int room, int chunk) { return (uint32_t)(room < chunk 
 
 double policy_charge(double vtime, uint32_t n, double weight) { return vtime + n / weight; }
 
-double policy_start_vtime(const policy_job_t *jobs, int n) {
+double policy_start_vtime(const policy_job_t *jobs, int n, int tenant) {
     double vmin = 0;
     bool any = false;
     for (int i = 0; i < n; i++)
-        if (jobs[i].running && (!any || jobs[i].vtime < vmin)) vmin = jobs[i].vtime, any = true;
+        if (jobs[i].running && jobs[i].tenant == tenant && (!any || jobs[i].vtime < vmin)) vmin = jobs[i].vtime, any = true;
     return vmin;
+}
+
+double policy_tenant_start_vtime(const policy_job_t *jobs, int n, double own) {
+    double vmin = 0;
+    bool any = false;
+    for (int i = 0; i < n; i++)
+        if (jobs[i].running && (!any || jobs[i].tenant_vtime < vmin)) vmin = jobs[i].tenant_vtime, any = true;
+    return any && vmin > own ? vmin : own;
 }
 
 bool policy_sync_full(sched_policy_t p, int in_flight, int prompts) { return p == POLICY_SYNC && in_flight >= prompts; }

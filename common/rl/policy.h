@@ -5,10 +5,12 @@
 // the trainer's staleness filter is policy_stale.
 //
 // Fair share. Every job has a virtual time: groups issued to it divided by its weight (jobspec
-// `weight`, (0, 100], default 1). The next training task goes to the eligible job with the
-// smallest virtual time; on a tie, to the job earlier in the table (submission order, or restore
-// order after a scheduler restart). Weights are per job: a tenant has no weight of its own, its
-// share is the sum of its running jobs'. A job's virtual time grows when a task is issued
+// `weight`, (0, 100], default 1), at two levels: tenants first, then the jobs of a tenant. The
+// next training task goes to the tenant with the smallest virtual time (its groups issued / the
+// tenant's weight, 1) among those with an eligible job, and of its eligible jobs to the one with
+// the smallest virtual time; on a tie, to the job earlier in the table (submission order, or
+// restore order after a scheduler restart). A tenant's share does not grow with its number of
+// jobs: one job of B beside eight of A gets half the groups. A job's virtual time grows when a task is issued
 // (policy_charge), not when it completes, and a lease issued again is not charged twice. A job
 // that joins starts at the smallest virtual time of the running jobs (0 when none): it neither
 // catches up on the time it was not running nor waits out the others' history. Eval tasks are
@@ -63,6 +65,8 @@ typedef struct {
     int in_flight;           // groups in leased rollout tasks + groups at the trainer
     bool sync_waiting;       // sync: a step's worth issued, waiting for the trainer
     double vtime;            // virtual time: groups issued / weight, from its start
+    int tenant;              // the tenant's index in the scheduler's table (jobs of one tenant share it)
+    double tenant_vtime;     // the tenant's virtual time: its groups issued / the tenant's weight
 } policy_job_t;
 
 // Groups a job may have in flight: B (sync) or (staleness + 1) * B (async).
@@ -70,14 +74,21 @@ int policy_cap(sched_policy_t p, int prompts, int staleness);
 // Groups the job may be issued now: 0 when it is not running, has reached max_steps (an eval
 // round in progress does not stop training), waits for its step (sync), or is at its cap.
 int policy_room(sched_policy_t p, const policy_job_t *j);
-// Index of the job that gets the next training task, -1 when none may take more.
+// Index of the job that gets the next training task, -1 when none may take more: of the tenants
+// with a job that may take more, the one with the smallest virtual time; of its jobs, the one
+// with the smallest virtual time; ties to the earlier in the table.
 int policy_next_job(sched_policy_t p, const policy_job_t *jobs, int n);
 // Prompts in the next task of a job with `room`: min(room, chunk).
 uint32_t policy_task_size(int room, int chunk);
 // The job's virtual time after a task of n groups.
 double policy_charge(double vtime, uint32_t n, double weight);
-// Virtual time of a job that joins now: the smallest of the running jobs', 0 when none runs.
-double policy_start_vtime(const policy_job_t *jobs, int n);
+// Virtual time of a job of `tenant` that joins now: the smallest of that tenant's running jobs',
+// 0 when none runs.
+double policy_start_vtime(const policy_job_t *jobs, int n, int tenant);
+// Virtual time of a tenant whose first job joins now (its `own` time from earlier jobs): the
+// smallest of the tenants with running jobs when that is larger (no catch-up on idle time),
+// `own` when no job runs.
+double policy_tenant_start_vtime(const policy_job_t *jobs, int n, double own);
 // Sync policy: true once a step's worth (B groups) is in flight; the job then waits for its step.
 bool policy_sync_full(sched_policy_t p, int in_flight, int prompts);
 // Whether a queued job is admitted while `running` jobs run.

@@ -38,6 +38,7 @@ typedef struct {
     int in_rollout;        // groups in tasks holding a lease
     double last_step_time;
     double vtime;          // fair-share virtual time: groups issued / weight
+    int tenant;            // index in sched_t.tenants
     uint64_t episodes, correct_train;
     double reward_sum;
     uint64_t reward_errors, task_failures;
@@ -67,6 +68,11 @@ struct sched {
     sjob_t **jobs;
     int n_jobs, cap_jobs;
     policy_job_t *view;            // (cap_jobs) what the policy reads of each job (job_views)
+    struct {                       // tenants of the jobs held: fair share's first level
+        char id[PROTO_MAX_ID];
+        double vtime;              // groups issued to the tenant's jobs / the tenant's weight (1)
+    } *tenants;
+    int n_tenants, cap_tenants;
     policy_leases_t leases;        // rollout tasks holding a lease
     uint64_t next_task;
     int next_round;
@@ -147,8 +153,23 @@ void sched_destroy(sched_t **ps) {
     for (int i = 0; i < s->n_jobs; i++) job_free(s->jobs[i]);
     free(s->jobs);
     free(s->view);
+    free(s->tenants);
     free(s);
     *ps = NULL;
+}
+
+// The index of a tenant in the table, added on first sight (at most one entry per tenant of a
+// job held: the table is as long as the tenants with jobs since the start).
+static int tenant_index(sched_t *s, const char *tenant) {
+    for (int i = 0; i < s->n_tenants; i++)
+        if (!strcmp(s->tenants[i].id, tenant)) return i;
+    if (s->n_tenants == s->cap_tenants) {
+        s->cap_tenants = s->cap_tenants ? 2 * s->cap_tenants : 16;
+        s->tenants = xrealloc(s->tenants, sizeof *s->tenants * (size_t)s->cap_tenants);
+    }
+    snprintf(s->tenants[s->n_tenants].id, sizeof s->tenants[0].id, "%s", tenant);
+    s->tenants[s->n_tenants].vtime = 0;
+    return s->n_tenants++;
 }
 
 static sjob_t *load_job(sched_t *s, const char *id, char *err) {
@@ -174,6 +195,7 @@ static sjob_t *load_job(sched_t *s, const char *id, char *err) {
         else if (!strcmp(f, JOB_VERSION)) j->version = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(f, JOB_ISSUED)) j->next_index = strtoull(v, NULL, 10);
         else if (!strcmp(f, JOB_EVAL_STEP)) j->last_eval_step = (uint32_t)strtoul(v, NULL, 10), j->evaluated_final = false;
+        else if (!strcmp(f, JOB_TENANT)) j->tenant = tenant_index(s, v);
     }
     store_kv_free(&kv, n);
     if (!have_spec) {
@@ -193,7 +215,8 @@ static const policy_job_t *job_views(sched_t *s) {
         s->view[i] = (policy_job_t){.running = j->state == JS_RUNNING, .step = j->step,
                                     .max_steps = (uint32_t)j->spec.max_steps, .prompts = j->spec.prompts,
                                     .staleness = j->spec.staleness, .in_flight = j->in_rollout + j->at_trainer,
-                                    .sync_waiting = j->sync_waiting, .vtime = j->vtime};
+                                    .sync_waiting = j->sync_waiting, .vtime = j->vtime, .tenant = j->tenant,
+                                    .tenant_vtime = s->n_tenants ? s->tenants[j->tenant].vtime : 0};
     }
     return s->view;
 }
@@ -204,8 +227,14 @@ static void add(sched_t *s, sjob_t *j) {
         s->jobs = xrealloc(s->jobs, sizeof(sjob_t *) * (size_t)s->cap_jobs);
         s->view = xrealloc(s->view, sizeof(policy_job_t) * (size_t)s->cap_jobs);
     }
-    // a new job starts at the smallest virtual time of the running ones: no burst of catch-up
-    j->vtime = policy_start_vtime(job_views(s), s->n_jobs);
+    // a new job starts at the smallest virtual time of its tenant's running ones, and a tenant
+    // whose first job this is at the smallest of the running tenants': no burst of catch-up
+    const policy_job_t *v = job_views(s);
+    bool tenant_runs = false;
+    for (int i = 0; i < s->n_jobs; i++) tenant_runs |= v[i].running && v[i].tenant == j->tenant;
+    if (!tenant_runs && s->n_tenants)
+        s->tenants[j->tenant].vtime = policy_tenant_start_vtime(v, s->n_jobs, s->tenants[j->tenant].vtime);
+    j->vtime = policy_start_vtime(v, s->n_jobs, j->tenant);
     s->jobs[s->n_jobs++] = j;
 }
 
@@ -522,6 +551,7 @@ void sched_tick(sched_t *s) {
         if (issue(s, j, PROTO_KIND_TRAIN, idx, n, 0, j->version) != 0) break;   // rollout queue full
         j->next_index += n;
         j->vtime = policy_charge(j->vtime, n, j->spec.weight);
+        if (s->n_tenants) s->tenants[j->tenant].vtime = policy_charge(s->tenants[j->tenant].vtime, n, 1.0);
         if (policy_sync_full(s->cfg.policy, j->in_rollout + j->at_trainer, j->spec.prompts)) j->sync_waiting = true;
         char v[32];
         snprintf(v, sizeof v, "%llu", (unsigned long long)j->next_index);

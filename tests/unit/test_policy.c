@@ -97,6 +97,40 @@ Test(policy, ties_go_to_the_earlier_job_and_full_jobs_are_passed_over) {
     cr_assert_eq(policy_next_job(POLICY_ASYNC, jobs, 0), -1);
 }
 
+// Fair share per tenant first: tenant B's one job beside tenant A's eight gets half the groups
+// (not 1/9), A's jobs split A's half evenly, and neither tenant waits long between tasks.
+Test(policy, tenants_share_first_then_their_jobs) {
+    enum { NA = 8, N = NA + 1, CHUNK = 8, ROUNDS = 1800 };
+    policy_job_t jobs[N];
+    double tv[2] = {0, 0};
+    long g[N] = {0};
+    for (int i = 0; i < N; i++) jobs[i] = open_job(), jobs[i].tenant = i < NA ? 0 : 1;
+    int since_b = 0, worst_b = 0;
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int i = 0; i < N; i++) jobs[i].tenant_vtime = tv[jobs[i].tenant];
+        int k = policy_next_job(POLICY_ASYNC, jobs, N);
+        cr_assert_geq(k, 0);
+        jobs[k].vtime = policy_charge(jobs[k].vtime, CHUNK, 1.0);
+        tv[jobs[k].tenant] = policy_charge(tv[jobs[k].tenant], CHUNK, 1.0);
+        g[k] += CHUNK;
+        since_b = k == NA ? 0 : since_b + 1;
+        worst_b = since_b > worst_b ? since_b : worst_b;
+    }
+    long a = 0;
+    for (int i = 0; i < NA; i++) a += g[i];
+    double share_b = (double)g[NA] / (double)(a + g[NA]);
+    cr_assert_geq(share_b, 0.45, "tenant B's one job got %.1f %% of the groups beside 8 jobs of A", 100 * share_b);
+    cr_assert_leq(share_b, 0.55, "tenant B got %.1f %%", 100 * share_b);
+    cr_assert_leq(worst_b, 1, "tenant B waited %d tasks in a row", worst_b);
+    for (int i = 0; i < NA; i++)
+        cr_assert(labs(g[i] - a / NA) <= CHUNK, "A's job %d got %ld groups, A's mean %ld", i, g[i], a / NA);
+    // a tenant that joins late starts at the smallest running tenant's time, not at 0
+    for (int i = 0; i < N; i++) jobs[i].tenant_vtime = tv[jobs[i].tenant];
+    cr_assert_float_eq(policy_tenant_start_vtime(jobs, N, 0.0), fmin(tv[0], tv[1]), 1e-9);
+    cr_assert_float_eq(policy_tenant_start_vtime(jobs, N, 1e9), 1e9, 0);   // nor does it go back
+    cr_assert_float_eq(policy_tenant_start_vtime(jobs, 0, 5.0), 5.0, 0);
+}
+
 Test(policy, a_job_that_joins_starts_at_the_smallest_running_vtime) {
     enum { N = 5, CHUNK = 8 };
     const double w[N] = {1, 1, 1, 1, 1};
@@ -108,9 +142,10 @@ Test(policy, a_job_that_joins_starts_at_the_smallest_running_vtime) {
     // the three running jobs have been issued for a while; job 4 is not yet in the table
     simulate_share(jobs, w, 3, 999, CHUNK, g);
     double vmin = fmin(jobs[0].vtime, fmin(jobs[1].vtime, jobs[2].vtime));
-    cr_assert_float_eq(policy_start_vtime(jobs, 4), vmin, 1e-12);
-    cr_assert_float_eq(policy_start_vtime(jobs, 0), 0.0, 0);
-    jobs[4].vtime = policy_start_vtime(jobs, 4);
+    cr_assert_float_eq(policy_start_vtime(jobs, 4, 0), vmin, 1e-12);
+    cr_assert_float_eq(policy_start_vtime(jobs, 0, 0), 0.0, 0);
+    cr_assert_float_eq(policy_start_vtime(jobs, 4, 7), 0.0, 0);   // a tenant with no running job
+    jobs[4].vtime = policy_start_vtime(jobs, 4, 0);
     // from now on the joiner takes its share, no catch-up burst and no wait: 4 running jobs, so
     // a quarter of the next 40 tasks, give or take one
     int mine = 0, first = -1;
