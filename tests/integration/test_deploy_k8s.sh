@@ -4,7 +4,7 @@
 # schemas (npm packages kubernetes-models and @kubernetes/client-node, pinned in
 # deploy/k8s/check/package-lock.json), no unknown fields, and the consistency of our objects
 # (probes, resources, Service selectors and ports, endpoints in the ConfigMap, GPUs only where
-# the overlay puts them, the CURVE keys mounted per service). Seven broken variants of the rendered
+# the overlay puts them, the CURVE keys mounted per service). Nine broken variants of the rendered
 # manifests must each be refused.
 set -euo pipefail
 fail=0
@@ -54,7 +54,9 @@ refuse "a pod given another service's secret key" "the keys volume holds another
     '0,/- key: rollout.key_secret/{s/- key: rollout.key_secret/- key: trainer.key_secret/}'
 refuse "keys not mounted" "mounts no secret at MARLAAS_KEYS" 's|mountPath: /etc/marlaas/keys|mountPath: /etc/marlaas/other|'
 refuse "Redis without a password" "Redis without --requirepass" 's/"--requirepass",*//; s/- --requirepass$/- --appendonly/'
+refuse "a policy naming a port the pods lack" "names port wrk, which the selected pods do not name" 's/- port: work$/- port: wrk/'
+refuse "no default deny" "no default-deny NetworkPolicy" '/name: default-deny-ingress/,/policyTypes/{s/podSelector: {}/podSelector: {matchLabels: {x: y}}/}'
 refuse "endpoint to a missing port" "MARLAAS_WORK=tcp://scheduler:7009: Service scheduler has no port 7009" 's/tcp:\/\/scheduler:7001/tcp:\/\/scheduler:7009/'
 
-[ $fail = 0 ] && echo "k8s: overlays ($(ls deploy/k8s/overlays | tr '\n' ' ')) valid under kubectl $kver + schemas, 7 broken variants refused"
+[ $fail = 0 ] && echo "k8s: overlays ($(ls deploy/k8s/overlays | tr '\n' ' ')) valid under kubectl $kver + schemas, 9 broken variants refused"
 exit $fail

@@ -14,7 +14,8 @@
 //      keys that exist; every MARLaaS container mounts the CURVE keys at MARLAAS_KEYS, with its
 //      own service's secret and no other's, and none sets MARLAAS_INSECURE; Redis requires a
 //      password and every MARLaaS container takes MARLAAS_REDIS_PASSWORD from a Secret;
-//      HPA and PDB targets exist; the verifiers' Service is headless; every namespaced object is
+//      HPA and PDB targets exist; NetworkPolicies deny by default, name ports the selected pods
+//      have, and open no internal port to every source; the verifiers' Service is headless; every namespaced object is
 //      in the namespace; with --gpu NAME,... those Deployments limit nvidia.com/gpu and tolerate
 //      the GPU taint, and without it nothing asks for a GPU.
 //
@@ -233,6 +234,27 @@ for (const h of byKind('HorizontalPodAutoscaler')) {
     if (!workloads.some((w) => w.kind === t.kind && w.metadata.name === t.name)) bad(h, `targets ${t.kind}/${t.name}, which does not exist`);
     const w = workloads.find((x) => x.metadata.name === t.name);
     if (w && w.spec.replicas !== undefined) bad(h, `${t.kind}/${t.name} sets replicas, which every apply would reset under the autoscaler`);
+}
+// NetworkPolicies: a default deny, each policy selects pods whose ports it names, and no internal
+// port (everything but the API and HTTP) is open to every source
+const nps = byKind('NetworkPolicy');
+if (!nps.some((p) => Object.keys((p.spec.podSelector || {}).matchLabels || {}).length === 0 &&
+                    !(p.spec.podSelector || {}).matchExpressions && !(p.spec.ingress || []).length &&
+                    (p.spec.policyTypes || []).includes('Ingress')))
+    bad(null, 'no default-deny NetworkPolicy (podSelector {}, policyTypes [Ingress], no ingress rule)');
+for (const p of nps) {
+    const sel = (p.spec.podSelector || {}).matchLabels || {};
+    if (!Object.keys(sel).length) continue;
+    const ws = workloads.filter((w) => matches(sel, podLabels(w)));
+    if (!ws.length) { bad(p, 'selects no pods'); continue; }
+    for (const rule of p.spec.ingress || []) {
+        for (const port of rule.ports || []) {
+            if (typeof port.port === 'string' && !ws.every((w) => portNames(w).has(port.port)))
+                bad(p, `names port ${port.port}, which the selected pods do not name`);
+            if (!rule.from && !['api', 'http'].includes(port.port))
+                bad(p, `port ${port.port} is open to every source (internal ports name their peers in "from")`);
+        }
+    }
 }
 for (const p of byKind('PodDisruptionBudget'))
     if (!workloads.some((w) => matches(p.spec.selector && p.spec.selector.matchLabels, podLabels(w)))) bad(p, 'selects no pods');
