@@ -57,6 +57,9 @@ static int get_float(const cJSON *v, const char *k, double lo, double hi, bool l
 static int get_str(const cJSON *v, const char *k, char *out, size_t n, char *err) {
     if (!cJSON_IsString(v) || !v->valuestring[0] || strlen(v->valuestring) >= n)
         return err_set(err, "spec.%s must be a non-empty string of at most %zu bytes", k, n - 1);
+    size_t bad = 0;
+    if (!tok_utf8_valid(v->valuestring, strlen(v->valuestring), &bad))
+        return err_set(err, "spec.%s is not valid UTF-8 (byte %zu)", k, bad);
     snprintf(out, n, "%s", v->valuestring);
     return 0;
 }
@@ -135,9 +138,6 @@ static bool has_nul_escape(const char *json) {
 int jobspec_parse(jobspec_t *s, const char *json, char *err) {
     jobspec_defaults(s);
     json = json ? json : "";
-    size_t bad = 0;
-    if (!tok_utf8_valid(json, strlen(json), &bad))
-        return err_set(err, "spec is not valid UTF-8 (byte %zu): send UTF-8 text", bad);
     if (has_nul_escape(json)) return err_set(err, "spec holds a NUL character (\\u0000) in a string: remove it");
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(json, &end, true);
@@ -158,6 +158,11 @@ int jobspec_parse(jobspec_t *s, const char *json, char *err) {
     cJSON_ArrayForEach(v, root) {
         const char *k = v->string;
         int e = 0;
+        size_t kbad = 0;
+        if (!tok_utf8_valid(k, strlen(k), &kbad)) {
+            err_set(err, "spec has a field name that is not valid UTF-8 (byte %zu of the name)", kbad);
+            goto done;
+        }
         if (!strcmp(k, "name")) e = get_str(v, k, s->name, sizeof s->name, err);
         else if (!strcmp(k, "task")) e = get_str(v, k, s->task, sizeof s->task, err), have_task = true;
         else if (!strcmp(k, "dataset")) {
@@ -279,6 +284,12 @@ int jobspec_parse(jobspec_t *s, const char *json, char *err) {
         goto done;
     }
     if (!s->name[0]) snprintf(s->name, sizeof s->name, "%s", s->task);
+    // the fields named their own bad bytes above; anything else (a key, an ignored value) here
+    size_t bad = 0;
+    if (!tok_utf8_valid(json, strlen(json), &bad)) {
+        err_set(err, "spec is not valid UTF-8 (byte %zu): send UTF-8 text", bad);
+        goto done;
+    }
     rc = 0;
 done:
     cJSON_Delete(root);

@@ -69,8 +69,9 @@ Test(jobspec, precise_errors) {
         {"{\"task\": \"add2\"} {\"task\": \"add3\"}", "text after its JSON object"},
         {"{\"task\": \"add2\"}garbage", "text after its JSON object"},
         {"{\"task\": \"add2\", \"name\": \"a\\u0000b\"}", "NUL character"},
-        {"{\"task\": \"add2\", \"name\": \"\xff\xfe\"}", "not valid UTF-8"},
-        {"{\"task\": \"add2\", \"name\": \"caf\xc3\"}", "not valid UTF-8"},
+        {"{\"task\": \"add2\", \"name\": \"\xff\xfe\"}", "spec.name is not valid UTF-8"},
+        {"{\"task\": \"add2\", \"name\": \"caf\xc3\"}", "spec.name is not valid UTF-8"},
+        {"{\"task\": \"add2\", \"n\xffme\": 1}", "not valid UTF-8"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         jobspec_t s;
