@@ -66,8 +66,11 @@ int bus_secure(const char *keys_dir, const char *self, char *err) {
         return err_set(err, "cannot read this service's secret key %s: %s (make keys with `marlaas keys generate %s`)",
                        path, strerror(errno), keys_dir);
     sec.self = zcert_load(path);
-    if (!sec.self || !zcert_secret_txt(sec.self)[0] || !strcmp(zcert_secret_txt(sec.self), "0000000000000000000000000000000000000000"))
+    static const char zero[41] = "0000000000000000000000000000000000000000";   // Z85 of 32 zero bytes
+    if (!sec.self || !strcmp(zcert_secret_txt(sec.self), zero)) {
+        zcert_destroy(&sec.self);
         return err_set(err, "%s holds no CURVE secret key (zcert format)", path);
+    }
     for (int i = 0; i < BUS_N_PEERS; i++) sec.peer_key[i][0] = 0;
     sec.secure = true;
     return 0;
@@ -96,17 +99,26 @@ int bus_keys_generate(const char *dir, char *err) {
         snprintf(path, sizeof path, "%s/%s.key_secret", dir, bus_services[i]);
         if (access(path, F_OK) == 0) return err_set(err, "%s exists: keys are never overwritten", path);
     }
-    for (int i = 0; i < BUS_N_PEERS; i++) {
+    // secrets are private from their creation (zcert writes with the process's umask)
+    mode_t old = umask(077);
+    int rc = 0;
+    for (int i = 0; i < BUS_N_PEERS && !rc; i++) {
         zcert_t *c = zcert_new();
-        if (!c) return err_set(err, "cannot make a CURVE keypair (libsodium)");
+        if (!c) {
+            rc = err_set(err, "cannot make a CURVE keypair (libsodium)");
+            break;
+        }
         zcert_set_meta(c, "service", "%s", bus_services[i]);
         snprintf(path, sizeof path, "%s/%s.key", dir, bus_services[i]);
-        int rc = zcert_save(c, path);
+        int saved = zcert_save(c, path);
         zcert_destroy(&c);
+        // public keys readable by all (clients, other pods), secrets by their owner only
+        bool ok = saved == 0 && chmod(path, 0644) == 0;
         snprintf(path, sizeof path, "%s/%s.key_secret", dir, bus_services[i]);
-        if (rc != 0 || chmod(path, 0600) != 0) return err_set(err, "cannot write the keys of %s in %s", bus_services[i], dir);
+        if (!ok || chmod(path, 0600) != 0) rc = err_set(err, "cannot write the keys of %s in %s", bus_services[i], dir);
     }
-    return 0;
+    umask(old);
+    return rc;
 }
 
 // The public key of a peer service, read once.
@@ -127,16 +139,12 @@ static int start_auth(char *err) {
     zcertstore_t *store = zcertstore_new(NULL);
     if (!store) return err_set(err, "cannot create a certificate store");
     for (int i = 0; i < BUS_N_PEERS; i++) {
-        char key[41], path[1200];
-        if (bus_public_key(sec.dir, bus_services[i], key, err)) {
-            zcertstore_destroy(&store);
-            return -1;
-        }
+        char path[1200];
         snprintf(path, sizeof path, "%s/%s.key", sec.dir, bus_services[i]);
-        zcert_t *c = zcert_load(path);
+        zcert_t *c = access(path, R_OK) == 0 ? zcert_load(path) : NULL;
         if (!c) {
             zcertstore_destroy(&store);
-            return err_set(err, "%s is not a CURVE certificate", path);
+            return err_set(err, "cannot load the public key %s (make keys with `marlaas keys generate DIR`)", path);
         }
         zcertstore_insert(store, &c);   // the store owns it
     }
