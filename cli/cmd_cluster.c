@@ -133,7 +133,7 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
         if (rfd >= 0) close(rfd);
         return -1;
     }
-    fprintf(rf, "port %d\nbind 127.0.0.1\nprotected-mode yes\ndir %s\nsave \"\"\nappendonly yes\n"
+    fprintf(rf, "port %d\nbind 127.0.0.1\nprotected-mode yes\ndir \"%s\"\nsave \"\"\nappendonly yes\n"
                 "appendfsync always\nrequirepass %s\n", rport, path, rpass);
     fclose(rf);
     char *rargv[] = {"redis-server", rconf, NULL};
@@ -356,8 +356,8 @@ int cmd_demo(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     char admin[65], err[ERR_LEN], data[4200];
-    // the demo starts from an empty store: jobs of an earlier, interrupted demo stay behind
-    // (its Redis files are removed; `marlaas up` keeps them, a demo does not)
+    // the demo starts from an empty store, so the jobs of an earlier, interrupted demo do not run
+    // again beside its own (its Redis files are removed; `marlaas up` keeps them)
     snprintf(data, sizeof data, "%s/redis", o.run);
     if (nftw(data, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT) {
         fprintf(stderr, "marlaas demo: cannot clear %s: %s\n", data, strerror(errno));
