@@ -201,8 +201,7 @@ store_t *svc_store(const svc_t *s, char *err) {
                      "marlaas-redis to a random password");
         return NULL;
     }
-    store_t *st = store_new_auth(host, port, s->opt[SVC_PREFIX], getenv("MARLAAS_REDIS_USER"),
-                                 getenv("MARLAAS_REDIS_PASSWORD"), err);
+    store_t *st = store_new_auth(host, port, s->opt[SVC_PREFIX], getenv("MARLAAS_REDIS_USER"), pw, err);
     store_set_abort(st, svc_stopping);
     return st;
 }
@@ -335,17 +334,20 @@ static struct {
     uint64_t more;       // rejections since the line that opened the period
     bool used;
 } rej[SVC_REJECT_REASONS];
+static int rej_open;     // reasons with a period running (svc_tick looks only when there are)
 
 static void rej_flush(int i, double now) {
     if (rej[i].more)
         LOG_AT(LOGL_WARN, rej[i].job[0] ? rej[i].job : NULL, "%s: %llu more in the last %.0f s (one line per %.0f s)",
                rej[i].reason, (unsigned long long)rej[i].more, now - rej[i].first, SVC_REJECT_LOG_S);
     rej[i].more = 0;
+    if (rej[i].used) rej_open--;
     rej[i].used = false;
 }
 
 void svc_tick(svc_t *s) {
     metrics_alive(s->met);
+    if (!rej_open) return;
     double now = util_now();
     for (int i = 0; i < SVC_REJECT_REASONS; i++)
         if (rej[i].used && now - rej[i].first >= SVC_REJECT_LOG_S) rej_flush(i, now);
@@ -394,6 +396,7 @@ void svc_reject(svc_t *s, const char *job, const char *fmt, ...) {
     rej[slot].first = now;
     rej[slot].more = 0;
     rej[slot].used = true;
+    rej_open++;
     LOG_AT(LOGL_WARN, job, "%s", msg);
 }
 

@@ -3,6 +3,7 @@
 // per-turn cap hold frames back; readers, extra sockets past any fixed count, work that asks for
 // an early turn, timers, the heartbeat's metrics, and the stop.
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 
 #include <czmq.h>
 #include <pthread.h>
@@ -220,4 +221,28 @@ Test(loop, service_without_keys_refuses_to_start) {
     setenv("MARLAAS_INSECURE", "1", 1);
     cr_assert_eq(svc_init(&s, "test", 3, argv, ""), 0);
     unsetenv("MARLAAS_INSECURE");
+}
+
+// A flood of refused frames costs one log line per reason (and job), not one per frame; every
+// frame is still counted.
+Test(loop, rejections_are_logged_once_per_reason_and_all_counted, .init = cr_redirect_stderr) {
+    svc_t s = svc_for_test();
+    for (int i = 0; i < 1000; i++) svc_reject(&s, NULL, "dropped a malformed report (field %d bad)", i);
+    for (int i = 0; i < 3; i++) svc_reject(&s, "j-7", "batch not used: job %d unknown", i);
+    svc_reject(&s, "j-8", "batch not used: job 8 unknown");
+    svc_tick(&s);   // within the period: nothing summed up yet
+    fflush(stderr);
+    FILE *f = cr_get_redirected_stderr();
+    char line[1024];
+    int malformed = 0, unused = 0, other = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strstr(line, "dropped a malformed report")) malformed++;
+        else if (strstr(line, "batch not used")) unused++;
+        else if (strstr(line, "WARN") || strstr(line, "ERROR")) other++;
+    }
+    cr_assert_eq(malformed, 1, "%d lines for 1000 malformed frames", malformed);
+    cr_assert_eq(unused, 2, "%d lines for one reason of two jobs", unused);
+    cr_assert_eq(s.rejected, 1004);
+    svc_close(&s);
+    (void)other;
 }
