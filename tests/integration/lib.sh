@@ -152,10 +152,12 @@ submit() {
 }
 
 wait_jobs() {
-    local tok=$1 timeout=$2 start
+    local tok=$1 timeout=$2 start out
     start=$(date +%s)
     while [ $(( $(date +%s) - start )) -lt "$timeout" ]; do
-        if ! "$M" jobs --token "$tok" | awk 'NR>1 && ($4=="running" || $4=="queued"){found=1} END{exit !found}'; then
+        # a failed listing (the scheduler or Redis restarting) says nothing: ask again
+        if out=$("$M" jobs --token "$tok" 2>/dev/null) &&
+            ! awk 'NR>1 && ($4=="running" || $4=="queued"){found=1} END{exit !found}' <<< "$out"; then
             return 0
         fi
         sleep 1
