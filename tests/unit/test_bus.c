@@ -7,6 +7,7 @@
 
 #include <czmq.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -41,7 +42,9 @@ static zsock_t *server(char *ep, size_t n) {
     char err[ERR_LEN];
     zsock_t *s = bus_bind(ZMQ_PULL, "tcp://127.0.0.1:*", 100, 1 << 20, err);
     cr_assert_not_null(s, "%s", err);
-    snprintf(ep, n, "%s", zsock_last_endpoint(s));
+    char *last = zsock_last_endpoint(s);   // the caller's to free
+    snprintf(ep, n, "%s", last);
+    free(last);
     return s;
 }
 
