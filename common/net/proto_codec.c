@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/formats/tok_text.h"
+
 void proto_buf_free(proto_buf_t *b) {
     if (!b) return;
     free(b->data);
@@ -242,6 +244,9 @@ static int proto_copy_str(const proto_dec_t *d, const msgpack_object *o, const c
     size_t n = o->via.str.size;
     if (n > max) return proto_fail(d, "field '%s%s' is longer than %zu bytes", pre, name, max);
     if (n && memchr(o->via.str.ptr, 0, n)) return proto_fail(d, "field '%s%s' contains a NUL byte", pre, name);
+    size_t bad;
+    if (!tok_utf8_valid(o->via.str.ptr, n, &bad))
+        return proto_fail(d, "field '%s%s' is not valid UTF-8 (byte %zu)", pre, name, bad);
     char *s = xmalloc(n + 1);
     if (n) memcpy(s, o->via.str.ptr, n);
     s[n] = '\0';
@@ -322,6 +327,8 @@ int proto_get_args(const proto_dec_t *d, const msgpack_object *o, const char *na
                 return proto_fail(d, "duplicate key '%s.%s'", name, shown);
         if (memchr(k->via.str.ptr, 0, k->via.str.size))
             return proto_fail(d, "field '%s' has a key that contains a NUL byte ('%s')", name, shown);
+        if (!tok_utf8_valid(k->via.str.ptr, k->via.str.size, NULL))
+            return proto_fail(d, "field '%s' has a key that is not valid UTF-8 ('%s')", name, shown);
         proto_val_t *v = &a->v[a->n++];
         v->key = xmalloc(k->via.str.size + 1);
         if (k->via.str.size) memcpy(v->key, k->via.str.ptr, k->via.str.size);
@@ -520,8 +527,33 @@ void proto_enc_str(proto_enc_t *e, const char *s, size_t max, bool nullable) {
         return;
     }
     size_t n = strlen(s);
-    if (n > max) e->bad = true;
-    else proto_enc_rc(e, msgpack_pack_str_with_body(&e->pk, s, n));
+    if (tok_utf8_valid(s, n, NULL)) {
+        if (n > max) e->bad = true;
+        else proto_enc_rc(e, msgpack_pack_str_with_body(&e->pk, s, n));
+        return;
+    }
+    // Receivers refuse ill-formed UTF-8; text that is not (a message cut inside a character, the
+    // bytes of a tool's output) goes out with each ill-formed byte as U+FFFD, as a lossy decode
+    // would show it.
+    char *fixed = xmalloc(3 * n + 1);
+    size_t w = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        bool ok;
+        size_t l = tok_utf8_next((const uint8_t *)s + i, n - i, &cp, &ok);
+        if (ok) {
+            memcpy(fixed + w, s + i, l);
+            w += l;
+        } else {
+            memcpy(fixed + w, "\xEF\xBF\xBD", 3);
+            w += 3;
+            l = 1;
+        }
+        i += l;
+    }
+    if (w > max) e->bad = true;
+    else proto_enc_rc(e, msgpack_pack_str_with_body(&e->pk, fixed, w));
+    free(fixed);
 }
 
 void proto_enc_uint(proto_enc_t *e, uint64_t v, uint64_t max) {

@@ -190,13 +190,17 @@ static void expect_reject_bytes(kind_t k, const void *f, size_t len, const char 
 // --- fixtures: one valid message of each kind, with edge values ---------------------------------
 
 static const char prompt_uni[] = "Compute 2+2. Réponds: ответ? 答え 🎉";
-static char prompt_bytes[256];   // every byte value but NUL
+// Every ASCII byte but NUL, then the first and last code point of each UTF-8 length and those
+// around the surrogates.
+static char prompt_bytes[160];
+static const char utf8_edges[] = "\xC2\x80\xDF\xBF\xE0\xA0\x80\xED\x9F\xBF\xEE\x80\x80\xEF\xBF\xBF"
+                                 "\xF0\x90\x80\x80\xF4\x8F\xBF\xBF";
 
 static proto_item_t fx_items[3];
 
 static proto_task_t fx_task(void) {
-    for (int i = 0; i < 255; i++) prompt_bytes[i] = (char)(i + 1);
-    prompt_bytes[255] = '\0';
+    for (int i = 0; i < 127; i++) prompt_bytes[i] = (char)(i + 1);
+    memcpy(prompt_bytes + 127, utf8_edges, sizeof utf8_edges);
     fx_items[0] = (proto_item_t){7, (char *)prompt_uni};
     fx_items[1] = (proto_item_t){UINT64_MAX, ""};
     fx_items[2] = (proto_item_t){0, prompt_bytes};
@@ -518,6 +522,21 @@ PROTO_TEST(report_round_trip) {
         proto_report_free(&d);
         proto_buf_free(&b);
     }
+}
+
+// Text that is not UTF-8 (an error message cut inside a character) goes out repaired, each
+// ill-formed byte as U+FFFD, so that receivers, which refuse ill-formed UTF-8, take it.
+PROTO_TEST(ill_formed_text_is_sent_repaired) {
+    proto_report_t m = fx_report(), d;
+    m.kind = PROTO_REP_JOB_FAILED;
+    m.error = "cut \xE2\x80|\xFF";
+    proto_buf_t b = {0};
+    char err[ERR_LEN];
+    cr_assert_eq(proto_report_encode(&m, &b), 0);
+    cr_assert_eq(proto_report_decode(b.data, b.len, &d, err), 0, "%s", err);
+    cr_assert_str_eq(d.error, "cut \xEF\xBF\xBD\xEF\xBF\xBD|\xEF\xBF\xBD");
+    proto_report_free(&d);
+    proto_buf_free(&b);
 }
 
 PROTO_TEST(adapter_round_trip) {
@@ -909,6 +928,7 @@ typedef enum {
     R_FLOAT,    // 1.5
     R_NAN, R_INF, R_HUGE,   // NaN, +inf, 1e39 (finite, beyond a float)
     R_NUL_STR,  // "a\0b"
+    R_BAD_UTF8, // "a\xC0\xAFb" (an overlong '/')
     R_LONG,     // string of n bytes
     R_BIN,      // binary of n bytes
     R_GROW,     // the array with n copies of its first element
@@ -941,6 +961,7 @@ static void apply(tree_t *t, msgpack_object *root, const bad_field_t *c) {
     case R_INF: v = o_f64(INFINITY); break;
     case R_HUGE: v = o_f64(1e39); break;
     case R_NUL_STR: v = o_str(t, "a\0b", 3); break;
+    case R_BAD_UTF8: v = o_str(t, "a\xC0\xAF" "b", 4); break;
     case R_LONG: v = o_fill(t, c->n); break;
     case R_BIN:
         v.type = MSGPACK_OBJECT_BIN;
@@ -985,6 +1006,7 @@ PROTO_TEST(task_bad_fields) {
         {K_TASK, "job", R_NIL, 0, "task: field 'job' must be a string"},
         {K_TASK, "job", R_BIN, 2, "task: field 'job' must be a string"},
         {K_TASK, "job", R_NUL_STR, 0, "task: field 'job' contains a NUL byte"},
+        {K_TASK, "job", R_BAD_UTF8, 0, "task: field 'job' is not valid UTF-8 (byte 1)"},
         {K_TASK, "job", R_LONG, ID_LEN + 1, "task: field 'job' is longer than 63 bytes"},
         {K_TASK, "job", R_DEL, 0, "task: missing field 'job'"},
         {K_TASK, "ver", R_UINT, UINT32_PAST, "task: field 'ver' out of range"},
@@ -1015,6 +1037,7 @@ PROTO_TEST(task_bad_fields) {
         {K_TASK, "items/0/p", R_LONG, PROTO_MAX_TEXT + 1, "task: field 'items[0].p' is longer than 131072 bytes"},
         {K_TASK, "items/1/p", R_BIN, 1, "task: field 'items[1].p' must be a string"},
         {K_TASK, "items/0/p", R_NUL_STR, 0, "task: field 'items[0].p' contains a NUL byte"},
+        {K_TASK, "items/0/p", R_BAD_UTF8, 0, "task: field 'items[0].p' is not valid UTF-8 (byte 1)"},
         {K_TASK, "end", R_UINT, 2, "task: field 'end' out of range"},
         {K_TASK, "end", R_NEG, 0, "task: field 'end' out of range"},
         {K_TASK, "end", R_STR, 0, "task: field 'end' must be an unsigned integer"},
@@ -1056,6 +1079,7 @@ PROTO_TEST(batch_bad_fields) {
         {K_DONE, "groups/0/s/0/lp", R_DEL, 0, "done: missing field 'groups[0].s[0].lp'"},
         {K_DONE, "groups/0/s/0/text", R_LONG, PROTO_MAX_TEXT + 1, "done: field 'groups[0].s[0].text' is longer"},
         {K_DONE, "groups/0/s/0/text", R_NUL_STR, 0, "done: field 'groups[0].s[0].text' contains a NUL byte"},
+        {K_DONE, "groups/0/s/0/text", R_BAD_UTF8, 0, "done: field 'groups[0].s[0].text' is not valid UTF-8 (byte 1)"},
         {K_DONE, "groups/0/s/1/text", R_NIL, 0, "done: field 'groups[0].s[1].text' must be a string"},
         {K_DONE, "groups/0/s/0/fin", R_UINT, 0, "done: field 'groups[0].s[0].fin' out of range"},
         {K_DONE, "groups/0/s/0/fin", R_UINT, 4, "done: field 'groups[0].s[0].fin' out of range"},
@@ -1107,6 +1131,7 @@ PROTO_TEST(reward_bad_fields) {
         {K_RREQ, "completions/0", R_UINT, 1, "reward_req: field 'completions[0]' must be a string"},
         {K_RREQ, "completions/2", R_LONG, PROTO_MAX_TEXT + 1, "reward_req: field 'completions[2]' is longer"},
         {K_RREQ, "completions/1", R_NUL_STR, 0, "reward_req: field 'completions[1]' contains a NUL byte"},
+        {K_RREQ, "completions/1", R_BAD_UTF8, 0, "reward_req: field 'completions[1]' is not valid UTF-8 (byte 1)"},
         {K_RREQ, "meta", R_UINT, 3, "reward_req: field 'meta' must be a string or nil"},
         {K_RREQ, "meta", R_LONG, PROTO_MAX_STR + 1, "reward_req: field 'meta' is longer than 4096 bytes"},
         {K_RREP, "id", R_STR, 0, "reward_rep: field 'id' must be an unsigned integer"},
@@ -1133,6 +1158,7 @@ PROTO_TEST(req_rep_bad_fields) {
         {K_REQ, "args", R_DEL, 0, "req: missing field 'args'"},
         {K_REQ, "args/s", R_LONG, PROTO_MAX_STR + 1, "req: field 'args.s' is longer than 4096 bytes"},
         {K_REQ, "args/s", R_NUL_STR, 0, "req: field 'args.s' contains a NUL byte"},
+        {K_REQ, "args/s", R_BAD_UTF8, 0, "req: field 'args.s' is not valid UTF-8 (byte 1)"},
         {K_REQ, "args/p", R_UINT, (uint64_t)INT64_MAX + 1, "req: field 'args.p' out of range"},
         {K_REQ, "args/f", R_NAN, 0, "req: field 'args.f' must be finite"},
         {K_REQ, "args/b", R_EMPTY_ARRAY, 0, "req: field 'args.b' must be nil, a boolean"},
@@ -1179,6 +1205,11 @@ PROTO_TEST(args_bad_maps) {
     root = tree_open(&t, K_REQ);
     tree_add(&t, tree_at(root, "args", NULL), o_str(&t, "k\0", 2), o_int(1));
     expect_reject_tree(K_REQ, root, "req: field 'args' has a key that contains a NUL byte");
+    tree_close(&t);
+
+    root = tree_open(&t, K_REQ);
+    tree_add(&t, tree_at(root, "args", NULL), o_str(&t, "k\xFF", 2), o_int(1));
+    expect_reject_tree(K_REQ, root, "req: field 'args' has a key that is not valid UTF-8");
     tree_close(&t);
 
     // A key of exactly ID_LEN bytes and a positive INT64_MAX are fine.
