@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "common/rl/keys.h"
 #include "cli/client.h"
 #include "common/engine/lora.h"
 #include "common/rl/rl.h"
@@ -43,9 +44,14 @@ typedef struct {
 
 int cmd_tenant(int argc, char **argv) {
     conn_t cn = {0};
-    long quota = 16;
-    static struct option lo[] = {{"api", required_argument, 0, 'a'}, {"token", required_argument, 0, 't'},
-                                 {"quota", required_argument, 0, 'q'}, {"help", no_argument, 0, 'h'}, {0}};
+    long quota = 16, max_groups = -1, max_data_mb = -1;
+    double weight = -1;
+    static const char usage[] = "usage: marlaas tenant create NAME [--quota N] [--weight W] [--max-groups N] "
+                                "[--max-data-mb N] [--token ADMIN_TOKEN] [--api ENDPOINT]\n";
+    static struct option lo[] = {{"api", required_argument, 0, 'a'},        {"token", required_argument, 0, 't'},
+                                 {"quota", required_argument, 0, 'q'},      {"weight", required_argument, 0, 'w'},
+                                 {"max-groups", required_argument, 0, 'g'}, {"max-data-mb", required_argument, 0, 'd'},
+                                 {"help", no_argument, 0, 'h'},             {0}};
     int o;
     optind = 1;
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -53,13 +59,24 @@ int cmd_tenant(int argc, char **argv) {
         else if (o == 't') cn.token = optarg;
         else if (o == 'q') {
             if (cli_int("--quota", optarg, 1, 10000, &quota)) return 2;
+        } else if (o == 'w') {
+            if (cli_float("--weight", optarg, 0.01, 100, &weight)) return 2;
+        } else if (o == 'g') {
+            if (cli_int("--max-groups", optarg, 1, 1000000, &max_groups)) return 2;
+        } else if (o == 'd') {
+            if (cli_int("--max-data-mb", optarg, 0, 1 << 20, &max_data_mb)) return 2;
         } else {
-            printf("usage: marlaas tenant create NAME [--quota N] [--token ADMIN_TOKEN] [--api ENDPOINT]\n");
+            printf("%s", usage);
+            printf("  --quota N         jobs queued or running at once (default 16)\n"
+                   "  --weight W        share of the cluster against other tenants, 0.01..100 (default 1)\n"
+                   "  --max-groups N    prompt groups its jobs hold in flight together (default %d)\n"
+                   "  --max-data-mb N   MiB of uploaded datasets its queued and running jobs hold (default %lld)\n",
+                   TENANT_DEFAULT_MAX_GROUPS, TENANT_DEFAULT_MAX_DATA >> 20);
             return o == 'h' ? 0 : 2;
         }
     }
     if (argc - optind != 2 || strcmp(argv[optind], "create")) {
-        fprintf(stderr, "usage: marlaas tenant create NAME [--quota N]\n");
+        fprintf(stderr, "%s", usage);
         return 2;
     }
     client_t *c = connect_api(cn.api, cn.token, true);
@@ -67,6 +84,9 @@ int cmd_tenant(int argc, char **argv) {
     proto_args_t a = {0};
     proto_args_str(&a, "name", argv[optind + 1]);
     proto_args_int(&a, "quota", quota);
+    if (weight > 0) proto_args_float(&a, "weight", weight);
+    if (max_groups > 0) proto_args_int(&a, "max_groups", max_groups);
+    if (max_data_mb >= 0) proto_args_int(&a, "max_data_mb", max_data_mb);
     proto_rep_t rep;
     int rc = call(c, "tenant_create", &a, &rep);
     if (!rc) {

@@ -131,8 +131,7 @@ void gen_destroy(gen_t **pg) {
 }
 
 static int worst_blocks(const gen_t *g, int P, int G, int max_new) {
-    int bs = kvcache_block_size(g->kc);
-    return (P + bs - 1) / bs + G * ((max_new + bs - 1) / bs + 1);
+    return kvcache_group_blocks(kvcache_block_size(g->kc), P, G, max_new);
 }
 
 int gen_submit(gen_t *g, const gen_request_t *r, char *err) {

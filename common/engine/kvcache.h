@@ -29,10 +29,17 @@
 
 typedef struct kvcache kvcache_t;
 
+// KV blocks of block_size positions a group of G samples of one P-token prompt may need at
+// most, each sample drawing up to max_new tokens: the prompt's blocks, shared, and each sample's
+// own plus one for the prompt's last, partly filled block (generate.c admits by this bound).
+static inline int kvcache_group_blocks(int block_size, int P, int G, int max_new) {
+    return (P + block_size - 1) / block_size + G * ((max_new + block_size - 1) / block_size + 1);
+}
+
 // Creates a pool of n_blocks blocks for at most max_seqs live sequences. Validates arguments
 // (all > 0) and returns NULL + err on a bad argument. Memory: 2 * n_blocks * n_layers *
-// block_size * kv_dim floats.
-// The pools are host memory (the CPU backend); running out of memory is reported (NULL + err).
+// block_size * kv_dim floats. The pools are host memory (the CPU backend); running out of
+// memory is reported (NULL + err).
 kvcache_t *kvcache_new(int n_layers, int kv_dim, int block_size, int n_blocks, int max_seqs, char *err);
 // The same with the pools in backend memory of k (k->alloc: zero-filled). For the CPU backend this
 // is kvcache_new; another backend's alloc aborts with its message when the device lacks memory.

@@ -112,69 +112,6 @@ void tok_work_free(tok_work_t *w) {
 // ---------------------------------------------------------------------------------------
 // UTF-8 and character classes
 
-size_t tok_utf8_next(const uint8_t *s, size_t n, uint32_t *cp, bool *ok) {
-    uint8_t c = s[0];
-    *cp = c;
-    *ok = true;
-    if (c < 0x80) return 1;
-    size_t need;
-    uint32_t v, min;
-    if ((c & 0xE0) == 0xC0) {
-        need = 2, v = c & 0x1F, min = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-        need = 3, v = c & 0x0F, min = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-        need = 4, v = c & 0x07, min = 0x10000;
-    } else {
-        *ok = false;
-        return 1;
-    }
-    if (need > n) {
-        *ok = false;
-        return 1;
-    }
-    for (size_t k = 1; k < need; k++) {
-        if ((s[k] & 0xC0) != 0x80) {
-            *ok = false;
-            return 1;
-        }
-        v = (v << 6) | (s[k] & 0x3F);
-    }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) {
-        *ok = false;
-        return 1;
-    }
-    *cp = v;
-    return need;
-}
-
-bool tok_utf8_valid(const char *s, size_t n, size_t *bad) {
-    const uint8_t *u = (const uint8_t *)s;
-    size_t i = 0;
-    while (i < n) {
-        // ASCII runs eight bytes at a time: most text is mostly ASCII.
-        while (i + 8 <= n) {
-            uint64_t w;
-            memcpy(&w, u + i, 8);
-            if (w & 0x8080808080808080ull) break;
-            i += 8;
-        }
-        if (i >= n) break;
-        if (u[i] < 0x80) {
-            i++;
-            continue;
-        }
-        uint32_t cp;
-        bool ok;
-        size_t l = tok_utf8_next(u + i, n - i, &cp, &ok);
-        if (!ok) {
-            if (bad) *bad = i;
-            return false;
-        }
-        i += l;
-    }
-    return true;
-}
 
 size_t tok_utf8_last(const char *s, size_t n) {
     size_t i = n - 1;

@@ -77,12 +77,11 @@ void tok_work_free(tok_work_t *w);
 // ---------------------------------------------------------------------------------------
 // UTF-8 and character classes
 
-// Length of the UTF-8 character at s (1..4) with its code point in *cp; for a byte that does
-// not start a well-formed character, 1 with *cp = the byte and *ok = false.
-size_t tok_utf8_next(const uint8_t *s, size_t n, uint32_t *cp, bool *ok);
-// true when s[0, n) is well-formed UTF-8; else *bad receives the offset of the first byte of
-// the first ill-formed sequence.
-bool tok_utf8_valid(const char *s, size_t n, size_t *bad);
+// common/util's UTF-8 functions under the names this library has always used.
+static inline size_t tok_utf8_next(const uint8_t *s, size_t n, uint32_t *cp, bool *ok) {
+    return util_utf8_next(s, n, cp, ok);
+}
+static inline bool tok_utf8_valid(const char *s, size_t n, size_t *bad) { return util_utf8_valid(s, n, bad); }
 // Offset where the last character of s[0, n) begins (n > 0, s well-formed).
 size_t tok_utf8_last(const char *s, size_t n);
 

@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/formats/tok_text.h"
 
 void proto_buf_free(proto_buf_t *b) {
     if (!b) return;
@@ -245,7 +244,7 @@ static int proto_copy_str(const proto_dec_t *d, const msgpack_object *o, const c
     if (n > max) return proto_fail(d, "field '%s%s' is longer than %zu bytes", pre, name, max);
     if (n && memchr(o->via.str.ptr, 0, n)) return proto_fail(d, "field '%s%s' contains a NUL byte", pre, name);
     size_t bad;
-    if (!tok_utf8_valid(o->via.str.ptr, n, &bad))
+    if (!util_utf8_valid(o->via.str.ptr, n, &bad))
         return proto_fail(d, "field '%s%s' is not valid UTF-8 (byte %zu)", pre, name, bad);
     char *s = xmalloc(n + 1);
     if (n) memcpy(s, o->via.str.ptr, n);
@@ -327,7 +326,7 @@ int proto_get_args(const proto_dec_t *d, const msgpack_object *o, const char *na
                 return proto_fail(d, "duplicate key '%s.%s'", name, shown);
         if (memchr(k->via.str.ptr, 0, k->via.str.size))
             return proto_fail(d, "field '%s' has a key that contains a NUL byte ('%s')", name, shown);
-        if (!tok_utf8_valid(k->via.str.ptr, k->via.str.size, NULL))
+        if (!util_utf8_valid(k->via.str.ptr, k->via.str.size, NULL))
             return proto_fail(d, "field '%s' has a key that is not valid UTF-8 ('%s')", name, shown);
         proto_val_t *v = &a->v[a->n++];
         v->key = xmalloc(k->via.str.size + 1);
@@ -527,7 +526,7 @@ void proto_enc_str(proto_enc_t *e, const char *s, size_t max, bool nullable) {
         return;
     }
     size_t n = strlen(s);
-    if (tok_utf8_valid(s, n, NULL)) {
+    if (util_utf8_valid(s, n, NULL)) {
         if (n > max) e->bad = true;
         else proto_enc_rc(e, msgpack_pack_str_with_body(&e->pk, s, n));
         return;
@@ -540,7 +539,7 @@ void proto_enc_str(proto_enc_t *e, const char *s, size_t max, bool nullable) {
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         bool ok;
-        size_t l = tok_utf8_next((const uint8_t *)s + i, n - i, &cp, &ok);
+        size_t l = util_utf8_next((const uint8_t *)s + i, n - i, &cp, &ok);
         if (ok) {
             memcpy(fixed + w, s + i, l);
             w += l;

@@ -46,11 +46,17 @@
 #define JOB_EVAL_HI "eval_hi"
 #define JOB_EVAL_N "eval_n"
 #define JOB_EVAL_ACC0 "eval_acc0"
+#define JOB_DATA_BYTES "data_bytes"   // bytes of the uploaded dataset (absent: none)
 // Fields of a tenant:{name} hash.
 #define TENANT_NAME "name"
 #define TENANT_TOKEN_HASH "token_hash"
 #define TENANT_QUOTA "quota"
 #define TENANT_CREATED "created"
+#define TENANT_WEIGHT "weight"              // fair-share weight against other tenants (default 1)
+#define TENANT_MAX_GROUPS "max_groups"      // groups its jobs may hold in flight together (default below)
+#define TENANT_MAX_DATA "max_data_bytes"    // dataset bytes of its queued and running jobs together
+#define TENANT_DEFAULT_MAX_GROUPS 1024
+#define TENANT_DEFAULT_MAX_DATA (256ll << 20)
 
 const char *key_job(const store_t *st, char *buf, size_t n, const char *job);
 const char *key_job_data(const store_t *st, char *buf, size_t n, const char *job);

@@ -14,7 +14,7 @@ int policy_cap(sched_policy_t p, int prompts, int staleness) {
 }
 
 int policy_room(sched_policy_t p, const policy_job_t *j) {
-    if (!j->running || j->step >= j->max_steps) return 0;
+    if (!j->running || j->step >= j->max_steps || j->tenant_full) return 0;
     if (p == POLICY_SYNC && j->sync_waiting) return 0;
     int room = policy_cap(p, j->prompts, j->staleness) - j->in_flight;
     return room > 0 ? room : 0;

@@ -67,12 +67,14 @@ typedef struct {
     double vtime;            // virtual time: groups issued / weight, from its start
     int tenant;              // the tenant's index in the scheduler's table (jobs of one tenant share it)
     double tenant_vtime;     // the tenant's virtual time: its groups issued / the tenant's weight
+    bool tenant_full;        // the tenant's jobs hold all the in-flight groups its quota allows
 } policy_job_t;
 
 // Groups a job may have in flight: B (sync) or (staleness + 1) * B (async).
 int policy_cap(sched_policy_t p, int prompts, int staleness);
 // Groups the job may be issued now: 0 when it is not running, has reached max_steps (an eval
-// round in progress does not stop training), waits for its step (sync), or is at its cap.
+// round in progress does not stop training), waits for its step (sync), is at its cap, or its
+// tenant is at its quota of in-flight groups.
 int policy_room(sched_policy_t p, const policy_job_t *j);
 // Index of the job that gets the next training task, -1 when none may take more: of the tenants
 // with a job that may take more, the one with the smallest virtual time; of its jobs, the one

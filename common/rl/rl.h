@@ -58,6 +58,10 @@ typedef struct {
     bool bf16;            // rl_runtime_open: base matrices in bf16 (model_to_bf16; see model.h)
 } rl_runtime_cfg_t;
 
+// The settings with their defaults filled in, by the rule above, for a model of config mc: what
+// rl_runtime_open serves. -1 + err for a max_context the model does not have.
+int rl_serving_cfg(const hf_config_t *mc, const rl_runtime_cfg_t *c, rl_runtime_cfg_t *d, char *err);
+
 // Loads DIR (config.json, model.safetensors or its shards, tokenizer.json, and
 // generation_config.json when present: its eos ids join eos_ids; tokenizer_config.json's chat
 // template when there is one) and builds the runtime.

@@ -50,4 +50,12 @@ int util_mkdirs(const char *path, char *err);
 int util_threads(void);
 void util_threads_init(void);
 
+
+// UTF-8. Length of the character at s (1..4) with its code point in *cp; for a byte that does
+// not start a well-formed character, 1 with *cp = the byte and *ok = false.
+size_t util_utf8_next(const uint8_t *s, size_t n, uint32_t *cp, bool *ok);
+// true when s[0, n) is well-formed UTF-8; else *bad (when not NULL) receives the offset of the
+// first byte of the first ill-formed sequence.
+bool util_utf8_valid(const char *s, size_t n, size_t *bad);
+
 #endif

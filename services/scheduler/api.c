@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/engine/kvcache.h"
 #include "common/engine/lora.h"
 #include "common/formats/json.h"
 #include "common/net/bus.h"
@@ -32,6 +33,8 @@ struct api {
     char gen_notes[640];           // its settings that sampling here cannot apply
     const chat_template_t *chat;   // borrowed; NULL when the model has none
     char chat_error[ERR_LEN];
+    tokenizer_t *tok;              // the model's: prompts measured against the context at submission
+    rl_runtime_cfg_t serve;        // the context and KV cache the rollouts serve (api_set_serving)
 };
 
 api_t *api_new(store_t *st, sched_t *sc, const char *admin_token, const char *model_dir, char *err) {
@@ -73,7 +76,19 @@ api_t *api_new(store_t *st, sched_t *sc, const char *admin_token, const char *mo
                  a->gen.unsupported);
     if (a->gen_notes[0]) log_warn("%s", a->gen_notes);
     snprintf(a->chat_error, sizeof a->chat_error, "the model has no chat template");
+    snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
+    a->tok = tokenizer_load(path, err);
+    if (!a->tok || api_set_serving(a, 0, 0, err)) {
+        api_destroy(&a);
+        return NULL;
+    }
     return a;
+}
+
+int api_set_serving(api_t *a, int max_context, int kv_mb, char *err) {
+    rl_runtime_cfg_t c = {.max_context = max_context, .kv_mb = kv_mb};
+    if (rl_serving_cfg(&a->model, &c, &a->serve, err)) return -1;
+    return 0;
 }
 
 void api_set_chat(api_t *a, const chat_template_t *ct, const char *why_none) {
@@ -84,6 +99,7 @@ void api_set_chat(api_t *a, const chat_template_t *ct, const char *why_none) {
 void api_destroy(api_t **pa) {
     if (!pa || !*pa) return;
     free((*pa)->model_json);
+    tokenizer_destroy(&(*pa)->tok);
     free(*pa);
     *pa = NULL;
 }
@@ -182,7 +198,23 @@ static int op_tenant_create(api_t *a, const proto_req_t *q, proto_args_t *res, c
     int64_t quota = 16;
     if (proto_args_get(&q->args, "quota") && (!proto_args_get_int(&q->args, "quota", &quota) || quota < 1 || quota > 10000))
         return err_set(err, "tenant_create: quota must be an integer in 1..10000");
-    char key[256], id[PROTO_MAX_ID], token[64], hash[65], qs[32], now[32];
+    int64_t max_groups = TENANT_DEFAULT_MAX_GROUPS, max_data_mb = TENANT_DEFAULT_MAX_DATA >> 20;
+    if (proto_args_get(&q->args, "max_groups") &&
+        (!proto_args_get_int(&q->args, "max_groups", &max_groups) || max_groups < 1 || max_groups > 1000000))
+        return err_set(err, "tenant_create: max_groups must be an integer in 1..1000000");
+    if (proto_args_get(&q->args, "max_data_mb") &&
+        (!proto_args_get_int(&q->args, "max_data_mb", &max_data_mb) || max_data_mb < 0 || max_data_mb > 1 << 20))
+        return err_set(err, "tenant_create: max_data_mb must be an integer in 0..1048576");
+    double weight = 1;
+    const proto_val_t *wv = proto_args_get(&q->args, "weight");
+    if (wv) {
+        int64_t wi;
+        if (wv->kind == PROTO_VAL_FLOAT) weight = wv->f;
+        else if (proto_args_get_int(&q->args, "weight", &wi)) weight = (double)wi;
+        else weight = -1;
+        if (!(weight >= 0.01 && weight <= 100)) return err_set(err, "tenant_create: weight must be a number in [0.01, 100]");
+    }
+    char key[256], id[PROTO_MAX_ID], token[64], hash[65], qs[32], now[32], ws[32], gs[32], ds[32];
     int64_t seq;
     key_tenant_seq(a->st, key, sizeof key);
     if (store_incr(a->st, key, &seq, err)) return -1;
@@ -195,8 +227,13 @@ static int op_tenant_create(api_t *a, const proto_req_t *q, proto_args_t *res, c
     snprintf(qs, sizeof qs, "%lld", (long long)quota);
     snprintf(now, sizeof now, "%ld", (long)time(NULL));
     key_tenant(a->st, key, sizeof key, id);
-    const char *f[4] = {TENANT_NAME, TENANT_TOKEN_HASH, TENANT_QUOTA, TENANT_CREATED}, *v[4] = {name, hash, qs, now};
-    if (store_hset(a->st, key, 4, f, v, err)) return -1;
+    snprintf(ws, sizeof ws, "%.17g", weight);
+    snprintf(gs, sizeof gs, "%lld", (long long)max_groups);
+    snprintf(ds, sizeof ds, "%lld", (long long)max_data_mb << 20);
+    const char *f[7] = {TENANT_NAME, TENANT_TOKEN_HASH, TENANT_QUOTA, TENANT_CREATED, TENANT_WEIGHT, TENANT_MAX_GROUPS,
+                        TENANT_MAX_DATA},
+               *v[7] = {name, hash, qs, now, ws, gs, ds};
+    if (store_hset(a->st, key, 7, f, v, err)) return -1;
     key_tokens(a->st, key, sizeof key);
     const char *tf[1] = {hash}, *tv[1] = {id};
     if (store_hset(a->st, key, 1, tf, tv, err)) return -1;
@@ -205,21 +242,32 @@ static int op_tenant_create(api_t *a, const proto_req_t *q, proto_args_t *res, c
     if (store_sadd(a->st, key, 1, m, NULL, err)) return -1;
     proto_args_str(res, "tenant", id);
     proto_args_str(res, "token", token);
-    log_info("tenant %s (%s) created, quota %lld jobs", id, name, (long long)quota);
+    log_info("tenant %s (%s) created: quota %lld jobs, %lld groups in flight, %lld MiB of datasets, weight %g", id, name,
+             (long long)quota, (long long)max_groups, (long long)max_data_mb, weight);
     return 0;
 }
 
-static int count_active(api_t *a, const char *tenant, char *err) {
+// The tenant's queued and running jobs, and the bytes of their uploaded datasets in *data.
+static int count_active(api_t *a, const char *tenant, long long *data, char *err) {
     char key[256], **ids = NULL;
     int n = 0, active = 0;
+    *data = 0;
     key_tenant_jobs(a->st, key, sizeof key, tenant);
     if (store_smembers(a->st, key, &ids, &n, err)) return -1;
     for (int i = 0; i < n; i++) {
-        char *st = NULL;
+        store_kv_t *kv = NULL;
+        int nk = 0;
         key_job(a->st, key, sizeof key, ids[i]);
-        if (store_hget(a->st, key, JOB_STATUS, &st, NULL, err) == 0)
-            active += !strcmp(st, "queued") || !strcmp(st, "running");
-        free(st);
+        if (store_hgetall(a->st, key, &kv, &nk, err) < 0) {
+            store_strv_free(&ids, n);
+            return -1;
+        }
+        const char *st = kv_get(kv, nk, JOB_STATUS), *db = kv_get(kv, nk, JOB_DATA_BYTES);
+        if (st && (!strcmp(st, "queued") || !strcmp(st, "running"))) {
+            active++;
+            if (db) *data += atoll(db);
+        }
+        store_kv_free(&kv, nk);
     }
     store_strv_free(&ids, n);
     return active;
@@ -306,6 +354,61 @@ static int check_chat(const api_t *a, const jobspec_t *spec, dataset_t *ds, char
     return 0;
 }
 
+// Built-in tasks: the prompts of this many training and held-out examples are measured (their
+// prompts are short and alike; a dataset's records are all measured).
+#define FIT_TASK_EXAMPLES 64
+
+// A job's prompts against what the rollouts serve (rl.h: the context and KV cache, from this
+// scheduler's max_context / kv_mb settings, which are the rollouts'): each prompt's tokens plus
+// spec.max_new within the context (spec.max_context when smaller), and a group's worst case in
+// KV blocks within the cache (generate.c admits a request only then). A prompt is tokenized only
+// when its bytes + 16 would not fit: a token of these tokenizers covers at least one byte of the
+// text. A job refused here would otherwise fail every task at run time.
+static int check_fit(const api_t *a, const jobspec_t *spec, dataset_t *ds, char *err) {
+    int ctx = a->serve.max_context, bs = 16;
+    if (spec->max_context > ctx)
+        return err_set(err, "spec.env.max_context %d exceeds the %d positions the rollouts serve (the cluster's max_context "
+                       "setting)", spec->max_context, ctx);
+    if (spec->max_context > 0) ctx = spec->max_context;
+    if (spec->group > a->serve.max_seqs)
+        return err_set(err, "spec.group %d exceeds the %d sequences the rollouts' KV cache holds", spec->group,
+                       a->serve.max_seqs);
+    rl_source_t src = {.task = ds ? NULL : task_find(spec->task), .ds = ds};
+    snprintf(src.name, sizeof src.name, "uploaded dataset");
+    if (!ds && !src.task) return 0;   // an unknown task is refused by the spec's own check
+    if (spec->chat && rl_source_set_chat(&src, a->chat, a->chat_error, spec->system, spec->chat_vars, err)) return -1;
+    int n = ds ? dataset_size(ds) : 2 * FIT_TASK_EXAMPLES;
+    for (int i = 0; i < n; i++) {
+        task_example_t ex = {0};
+        if (ds) ex.prompt = xstrdup(dataset_record_prompt(ds, i));
+        else task_example(src.task, i < FIT_TASK_EXAMPLES ? TASK_TRAIN : TASK_EVAL, (uint64_t)(i % FIT_TASK_EXAMPLES), &ex);
+        char *text = rl_source_prompt(&src, &ex, i, err);
+        task_example_free(&ex);
+        if (!text) return -1;
+        size_t len = strlen(text);
+        int P = len + 16 < (size_t)INT_MAX / 2 ? (int)len + 16 : INT_MAX / 2;
+        if (P + spec->max_new > ctx || kvcache_group_blocks(bs, P, spec->group, spec->max_new) > a->serve.kv_blocks) {
+            int32_t *ids = NULL;
+            P = tokenizer_encode(a->tok, text, len, &ids, err);
+            free(ids);
+        }
+        free(text);
+        if (P < 0) return -1;
+        char where[96] = "";
+        if (ds) snprintf(where, sizeof where, "uploaded dataset:%ld: ", dataset_record_line(ds, i));
+        else snprintf(where, sizeof where, "task %s: ", spec->task);
+        if (P + spec->max_new > ctx)
+            return err_set(err, "%sthe prompt has %d tokens: with spec.max_new %d it exceeds the context of %d positions%s",
+                           where, P, spec->max_new, ctx, spec->max_context > 0 ? " (spec.env.max_context)" : "");
+        int need = kvcache_group_blocks(bs, P, spec->group, spec->max_new);
+        if (need > a->serve.kv_blocks)
+            return err_set(err, "%sa group of %d samples of this %d-token prompt needs up to %d KV blocks; the rollouts' "
+                           "cache has %d (lower spec.group or spec.max_new, or raise the cluster's kv_mb)",
+                           where, spec->group, P, need, a->serve.kv_blocks);
+    }
+    return 0;
+}
+
 static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, proto_args_t *res, char *err) {
     const char *spec_txt = proto_args_get_str(&q->args, "spec");
     if (!spec_txt) return err_set(err, "job_submit: spec (JSON) required");
@@ -324,20 +427,38 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
         if (!ds) return -1;
     }
     int crc = check_chat(a, &spec, ds, err);
+    char notes[1536] = "";
+    if (!crc) {
+        cJSON *given = cJSON_Parse(spec_txt);   // parsed above, so an object: which fields the user gave
+        apply_generation_config(a, given, &spec, notes, sizeof notes);
+        cJSON_Delete(given);
+        crc = check_fit(a, &spec, ds, err);
+    }
     dataset_destroy(&ds);
     if (crc) return -1;
-    char notes[1536] = "";
-    cJSON *given = cJSON_Parse(spec_txt);   // parsed above, so an object: which fields the user gave
-    apply_generation_config(a, given, &spec, notes, sizeof notes);
-    cJSON_Delete(given);
-    char key[256], quota_s[32] = "16";
+    char key[256], quota_s[32] = "16", max_data_s[32] = "";
     char *qv = NULL;
     key_tenant(a->st, key, sizeof key, tenant);
     if (store_hget(a->st, key, TENANT_QUOTA, &qv, NULL, err) == 0) snprintf(quota_s, sizeof quota_s, "%s", qv);
+    free(qv), qv = NULL;
+    if (store_hget(a->st, key, TENANT_MAX_DATA, &qv, NULL, err) == 0) snprintf(max_data_s, sizeof max_data_s, "%s", qv);
     free(qv);
-    int active = count_active(a, tenant, err);
+    long long data_held, max_data = max_data_s[0] ? atoll(max_data_s) : TENANT_DEFAULT_MAX_DATA;
+    int active = count_active(a, tenant, &data_held, err);
     if (active < 0) return -1;
     if (active >= atoi(quota_s)) return err_set(err, "quota reached: %d jobs queued or running (quota %s)", active, quota_s);
+    char *gv = NULL;
+    if (store_hget(a->st, key, TENANT_MAX_GROUPS, &gv, NULL, err) == 0 && atoi(gv) < spec.prompts) {
+        err_set(err, "spec.prompts %d exceeds the tenant's max_groups %s (groups its jobs may hold in flight): the job "
+                "could never take a step", spec.prompts, gv);
+        free(gv);
+        return -1;
+    }
+    free(gv);
+    if (data && data_held + (long long)data_len > max_data)
+        return err_set(err, "dataset quota reached: this dataset's %zu bytes and the %lld of the tenant's queued and "
+                       "running jobs exceed its %lld (wait for a job to end, or ask the operator for more)",
+                       data_len, data_held, max_data);
     // the job's starting adapter (version 0): B = 0, so it starts as the base model
     peft_config_t pc = {.r = spec.rank, .alpha = spec.alpha, .targets = spec.targets};
     uint8_t *blob = NULL;
@@ -371,10 +492,12 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
     char *canon = jobspec_to_json(&spec);
     snprintf(now, sizeof now, "%ld", (long)time(NULL));
     key_job(a->st, key, sizeof key, id);
-    const char *f[9] = {JOB_TENANT, JOB_SPEC,    JOB_STATUS, JOB_STEP, JOB_VERSION,
-                        JOB_CREATED, JOB_UPDATED, JOB_ISSUED, JOB_NOTES};
-    const char *v[9] = {tenant, canon, "queued", "0", "0", now, now, "0", notes};
-    rc = store_hset(a->st, key, notes[0] ? 9 : 8, f, v, err);
+    char dbytes[32];
+    snprintf(dbytes, sizeof dbytes, "%zu", data_len);
+    const char *f[10] = {JOB_TENANT,  JOB_SPEC,    JOB_STATUS, JOB_STEP,  JOB_VERSION,
+                         JOB_CREATED, JOB_UPDATED, JOB_ISSUED, JOB_DATA_BYTES, JOB_NOTES};
+    const char *v[10] = {tenant, canon, "queued", "0", "0", now, now, "0", dbytes, notes};
+    rc = store_hset(a->st, key, notes[0] ? 10 : 9, f, v, err);
     free(canon);
     if (rc) goto fail;
     const char *m[1] = {id};

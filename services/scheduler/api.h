@@ -32,6 +32,9 @@ void api_destroy(api_t **a);
 // The base model's chat template (borrowed; NULL with the reason when it has none): chat jobs
 // are refused without one, and every prompt of a chat job is rendered at submission.
 void api_set_chat(api_t *a, const chat_template_t *ct, const char *why_none);
+// The context and KV cache the rollouts serve, by their settings max_context and kv_mb (0: the
+// defaults, rl.h), against which job_submit measures prompts. -1 + err for a context the model lacks.
+int api_set_serving(api_t *a, int max_context, int kv_mb, char *err);
 // Reads and answers every request waiting on the ROUTER socket.
 void api_serve(api_t *a, zsock_t *router);
 // Requests answered so far, and how many of them with an error.

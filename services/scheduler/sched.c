@@ -57,6 +57,14 @@ typedef struct {
     int eval_idx_n;        // the first eval; eval_idx_n of them
 } sjob_t;
 
+typedef struct {
+    char id[PROTO_MAX_ID];
+    double vtime;              // groups issued to the tenant's jobs / the tenant's weight
+    double weight;             // tenant:{t} weight (default 1)
+    int max_groups;            // tenant:{t} max_groups: its jobs' groups in flight together
+    int in_flight;             // what its jobs hold now (job_views)
+} stenant_t;
+
 struct sched {
     store_t *st;
     zsock_t *work;
@@ -68,10 +76,7 @@ struct sched {
     sjob_t **jobs;
     int n_jobs, cap_jobs;
     policy_job_t *view;            // (cap_jobs) what the policy reads of each job (job_views)
-    struct {                       // tenants of the jobs held: fair share's first level
-        char id[PROTO_MAX_ID];
-        double vtime;              // groups issued to the tenant's jobs / the tenant's weight (1)
-    } *tenants;
+    stenant_t *tenants;            // tenants of the jobs held: fair share's first level
     int n_tenants, cap_tenants;
     policy_leases_t leases;        // rollout tasks holding a lease
     uint64_t next_task;
@@ -167,8 +172,29 @@ static int tenant_index(sched_t *s, const char *tenant) {
         s->cap_tenants = s->cap_tenants ? 2 * s->cap_tenants : 16;
         s->tenants = xrealloc(s->tenants, sizeof *s->tenants * (size_t)s->cap_tenants);
     }
+    // the tenant's record sets its weight and quota; a record that cannot be read (Redis away)
+    // gives the defaults, and a value out of range too (the API stores only valid ones)
+    double weight = 1;
+    long max_groups = TENANT_DEFAULT_MAX_GROUPS;
+    char key[256], err[ERR_LEN];
+    store_kv_t *kv = NULL;
+    int n = 0;
+    key_tenant(s->st, key, sizeof key, tenant);
+    if (store_hgetall(s->st, key, &kv, &n, err) == 0) {
+        for (int i = 0; i < n; i++) {
+            char *end;
+            if (!strcmp(kv[i].field, TENANT_WEIGHT)) {
+                double w = strtod(kv[i].value, &end);
+                if (!*end && w >= 0.01 && w <= 100) weight = w;
+            } else if (!strcmp(kv[i].field, TENANT_MAX_GROUPS)) {
+                long g = strtol(kv[i].value, &end, 10);
+                if (!*end && g >= 1 && g <= 1000000) max_groups = g;
+            }
+        }
+        store_kv_free(&kv, n);
+    }
+    s->tenants[s->n_tenants] = (stenant_t){.vtime = 0, .weight = weight, .max_groups = (int)max_groups};
     snprintf(s->tenants[s->n_tenants].id, sizeof s->tenants[0].id, "%s", tenant);
-    s->tenants[s->n_tenants].vtime = 0;
     return s->n_tenants++;
 }
 
@@ -210,13 +236,18 @@ static sjob_t *load_job(sched_t *s, const char *id, char *err) {
 
 // The policy's view of every job, in table order (s->view, refreshed from the jobs).
 static const policy_job_t *job_views(sched_t *s) {
+    for (int t = 0; t < s->n_tenants; t++) s->tenants[t].in_flight = 0;
+    for (int i = 0; i < s->n_jobs; i++)
+        if (s->n_tenants) s->tenants[s->jobs[i]->tenant].in_flight += s->jobs[i]->in_rollout + s->jobs[i]->at_trainer;
     for (int i = 0; i < s->n_jobs; i++) {
         const sjob_t *j = s->jobs[i];
         s->view[i] = (policy_job_t){.running = j->state == JS_RUNNING, .step = j->step,
                                     .max_steps = (uint32_t)j->spec.max_steps, .prompts = j->spec.prompts,
                                     .staleness = j->spec.staleness, .in_flight = j->in_rollout + j->at_trainer,
                                     .sync_waiting = j->sync_waiting, .vtime = j->vtime, .tenant = j->tenant,
-                                    .tenant_vtime = s->n_tenants ? s->tenants[j->tenant].vtime : 0};
+                                    .tenant_vtime = s->n_tenants ? s->tenants[j->tenant].vtime : 0,
+                                    .tenant_full = s->n_tenants && s->tenants[j->tenant].in_flight >=
+                                                                       s->tenants[j->tenant].max_groups};
     }
     return s->view;
 }
@@ -545,13 +576,18 @@ void sched_tick(sched_t *s) {
         int ji = policy_next_job(s->cfg.policy, view, s->n_jobs);
         if (ji < 0) break;
         sjob_t *j = s->jobs[ji];
-        uint32_t n = policy_task_size(policy_room(s->cfg.policy, &view[ji]), s->cfg.chunk);
+        int room = policy_room(s->cfg.policy, &view[ji]);
+        if (s->n_tenants) {   // and within the tenant's quota of groups in flight
+            int left = s->tenants[j->tenant].max_groups - s->tenants[j->tenant].in_flight;
+            if (left < room) room = left;
+        }
+        uint32_t n = policy_task_size(room, s->cfg.chunk);
         uint64_t idx[PROTO_MAX_ITEMS];
         for (uint32_t k = 0; k < n; k++) idx[k] = j->next_index + k;
         if (issue(s, j, PROTO_KIND_TRAIN, idx, n, 0, j->version) != 0) break;   // rollout queue full
         j->next_index += n;
         j->vtime = policy_charge(j->vtime, n, j->spec.weight);
-        if (s->n_tenants) s->tenants[j->tenant].vtime = policy_charge(s->tenants[j->tenant].vtime, n, 1.0);
+        if (s->n_tenants) s->tenants[j->tenant].vtime = policy_charge(s->tenants[j->tenant].vtime, n, s->tenants[j->tenant].weight);
         if (policy_sync_full(s->cfg.policy, j->in_rollout + j->at_trainer, j->spec.prompts)) j->sync_waiting = true;
         char v[32];
         snprintf(v, sizeof v, "%llu", (unsigned long long)j->next_index);

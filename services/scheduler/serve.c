@@ -73,6 +73,9 @@ scheduler_t *scheduler_open(svc_t *s, store_t *st, const sched_cfg_t *cfg, const
         sched_set_events(c->sc, c->events);
         sched_set_metrics(c->sc, s->met);
         c->api = api_new(st, c->sc, admin, svc_get(s, SVC_MODEL), err);
+        // the rollouts' settings of the same names: job specs are measured against what they serve
+        if (c->api && api_set_serving(c->api, atoi(svc_extra(s, "max_context", "0")), atoi(svc_extra(s, "kv_mb", "0")), err))
+            api_destroy(&c->api);
     }
     if (!c->api) {
         scheduler_close(&c);

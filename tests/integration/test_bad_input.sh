@@ -156,7 +156,22 @@ if ! "$M" adapter pull "$jb" -o "$tmp/own" --token "$B" > /dev/null 2>&1 || [ ! 
     echo "FAIL: bob cannot pull his own adapter"
     fail=1
 fi
-echo "API refusals checked: $api_checks of 12"
+# specs against the model (micro: 128 positions) and the tenant's quotas
+expect_error "max_new beyond the context" "with spec.max_new 127 it exceeds the context of 128 positions" \
+    "$M" submit --token "$A" --task vowels --max-new 127
+echo '{"task": "vowels", "env": {"max_context": 200}}' > "$tmp/ctx.json"
+expect_error "env.max_context beyond the model" "spec.env.max_context 200 exceeds the 128 positions the rollouts serve" \
+    "$M" submit --token "$A" --spec "$tmp/ctx.json"
+{ echo '{"prompt": "1+1=", "answer": "2"}'; printf '{"prompt": "%0200d", "answer": "0"}\n' 0; } > "$tmp/long.jsonl"
+expect_error "a dataset prompt beyond the context" "uploaded dataset:2: the prompt has" \
+    "$M" submit --token "$A" --dataset "$tmp/long.jsonl" --verifier numeric
+C=$("$M" tenant create carol --max-data-mb 0 --max-groups 8 | awk '/^token/{print $2}')
+head -n 1 "$tmp/long.jsonl" > "$tmp/short.jsonl"
+expect_error "dataset bytes over the tenant's quota" "dataset quota reached" \
+    "$M" submit --token "$C" --dataset "$tmp/short.jsonl" --verifier numeric --prompts 8
+expect_error "prompts over the tenant's in-flight groups" "spec.prompts 16 exceeds the tenant's max_groups 8" \
+    "$M" submit --token "$C" --task vowels --prompts 16
+echo "API refusals checked: $api_checks of 17"
 
 secs=$(( $(date +%s) - t0 ))
 if [ "$fail" -ne 0 ]; then

@@ -131,6 +131,22 @@ Test(policy, tenants_share_first_then_their_jobs) {
     cr_assert_float_eq(policy_tenant_start_vtime(jobs, 0, 5.0), 5.0, 0);
 }
 
+// A tenant at its quota of in-flight groups gets nothing while its time is the smallest: the
+// other tenant's job is issued, and the full tenant again as soon as it is below its quota.
+Test(policy, a_tenant_at_its_group_quota_is_passed_over) {
+    policy_job_t jobs[2] = {open_job(), open_job()};
+    jobs[1].tenant = 1;
+    jobs[0].tenant_vtime = 0, jobs[1].tenant_vtime = 100;
+    cr_assert_eq(policy_next_job(POLICY_ASYNC, jobs, 2), 0);
+    jobs[0].tenant_full = true;
+    cr_assert_eq(policy_room(POLICY_ASYNC, &jobs[0]), 0);
+    cr_assert_eq(policy_next_job(POLICY_ASYNC, jobs, 2), 1);
+    jobs[1].tenant_full = true;
+    cr_assert_eq(policy_next_job(POLICY_ASYNC, jobs, 2), -1);
+    jobs[0].tenant_full = false;
+    cr_assert_eq(policy_next_job(POLICY_ASYNC, jobs, 2), 0);
+}
+
 Test(policy, a_job_that_joins_starts_at_the_smallest_running_vtime) {
     enum { N = 5, CHUNK = 8 };
     const double w[N] = {1, 1, 1, 1, 1};
