@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <arpa/inet.h>
+#include <sodium.h>
 
 #include "common/util/log.h"
 
@@ -73,6 +74,31 @@ int bus_secure(const char *keys_dir, const char *self, char *err) {
     }
     for (int i = 0; i < BUS_N_PEERS; i++) sec.peer_key[i][0] = 0;
     sec.secure = true;
+    return 0;
+}
+
+int bus_link_key(const char *peer, const char *purpose, uint8_t key[32], char *err) {
+    if (!sec.secure) return err_set(err, "links are not secured: no keys to derive a link key from");
+    char pk[41];
+    uint8_t peer_pub[32], self_sec[32], shared[crypto_scalarmult_BYTES];
+    if (bus_public_key(sec.dir, peer, pk, err)) return -1;
+    if (!zmq_z85_decode(peer_pub, pk) || !zmq_z85_decode(self_sec, zcert_secret_txt(sec.self)))
+        return err_set(err, "the keys of %s or of this service are not Z85", peer);
+    int rc = crypto_scalarmult(shared, self_sec, peer_pub);
+    sodium_memzero(self_sec, sizeof self_sec);
+    if (rc != 0) return err_set(err, "the public key of %s is degenerate", peer);
+    // both ends hash the same X25519 secret with both public keys (in a fixed order) and the purpose
+    uint8_t own_pub[32];
+    zmq_z85_decode(own_pub, zcert_public_txt(sec.self));
+    const uint8_t *lo = memcmp(own_pub, peer_pub, 32) < 0 ? own_pub : peer_pub, *hi = lo == own_pub ? peer_pub : own_pub;
+    crypto_generichash_state h;
+    crypto_generichash_init(&h, NULL, 0, 32);
+    crypto_generichash_update(&h, (const uint8_t *)purpose, strlen(purpose) + 1);
+    crypto_generichash_update(&h, shared, sizeof shared);
+    crypto_generichash_update(&h, lo, 32);
+    crypto_generichash_update(&h, hi, 32);
+    crypto_generichash_final(&h, key, 32);
+    sodium_memzero(shared, sizeof shared);
     return 0;
 }
 

@@ -29,6 +29,10 @@
 int bus_secure(const char *keys_dir, const char *self, char *err);
 void bus_insecure(void);
 bool bus_is_secure(void);
+// A 32-byte key this service shares with the service `peer` alone (X25519 of this service's
+// secret key and peer's public key, hashed with both public keys and `purpose`): the two compute
+// the same key without sending anything. -1 + err when links are not secured.
+int bus_link_key(const char *peer, const char *purpose, uint8_t key[32], char *err);
 // Stops the authenticator and forgets the keys (at exit; a no-op when never secured).
 void bus_secure_end(void);
 // Writes a fresh keypair for each of the four services into dir (created 0700; secrets 0600).

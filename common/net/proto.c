@@ -59,6 +59,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <msgpack.h>
+#include <sodium.h>
 #include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -69,9 +70,59 @@
 // "task"
 
 enum { TK_T, TK_V, TK_TASK, TK_JOB, TK_VER, TK_KIND, TK_G, TK_MAX_NEW, TK_TEMP, TK_TOP_P, TK_TOP_K, TK_SEED,
-       TK_ITEMS, TK_TURNS, TK_CTX, TK_END, TK_N };
-static const char *const proto_task_keys[TK_N] = {"t", "v", "task", "job", "ver", "kind", "g", "max_new",
-                                                  "temp", "top_p", "top_k", "seed", "items", "turns", "ctx", "end"};
+       TK_ITEMS, TK_TURNS, TK_CTX, TK_END, TK_TAG, TK_N };
+static const char *const proto_task_keys[TK_N] = {"t", "v", "task", "job", "ver", "kind", "g", "max_new", "temp",
+                                                  "top_p", "top_k", "seed", "items", "turns", "ctx", "end", "tag"};
+
+// "tag": PROTO_TAG_LEN bytes, or nil (no tag).
+static void enc_tag(proto_enc_t *e, bool has, const uint8_t *tag) {
+    proto_enc_key(e, "tag");
+    if (e->bad) return;
+    if (!has) {
+        proto_enc_rc(e, msgpack_pack_nil(&e->pk));
+    } else {
+        proto_enc_rc(e, msgpack_pack_bin(&e->pk, PROTO_TAG_LEN));
+        if (!e->bad) proto_enc_rc(e, msgpack_pack_bin_body(&e->pk, tag, PROTO_TAG_LEN));
+    }
+}
+
+// An optional tag: absent or nil = none.
+static int dec_tag(const proto_dec_t *d, const msgpack_object *o, bool *has, uint8_t *tag) {
+    *has = false;
+    if (!o || o->type == MSGPACK_OBJECT_NIL) return 0;
+    if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size != PROTO_TAG_LEN)
+        return proto_fail(d, "field 'tag' must be nil or %d bytes of binary", PROTO_TAG_LEN);
+    memcpy(tag, o->via.bin.ptr, PROTO_TAG_LEN);
+    *has = true;
+    return 0;
+}
+
+// HMAC input: fixed-width little-endian fields, the job with its length.
+static void tag_u64(crypto_auth_hmacsha256_state *h, uint64_t v) {
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+    crypto_auth_hmacsha256_update(h, b, 8);
+}
+
+void proto_task_tag(const uint8_t key[32], uint64_t task_id, const char *job, uint32_t version, proto_kind_t kind,
+                    uint8_t out[PROTO_TAG_LEN]) {
+    crypto_auth_hmacsha256_state h;
+    crypto_auth_hmacsha256_init(&h, key, 32);
+    size_t jl = job ? strlen(job) : 0;
+    tag_u64(&h, task_id);
+    tag_u64(&h, jl);
+    if (jl) crypto_auth_hmacsha256_update(&h, (const uint8_t *)job, jl);
+    tag_u64(&h, version);
+    tag_u64(&h, (uint64_t)kind);
+    crypto_auth_hmacsha256_final(&h, out);
+}
+
+bool proto_batch_tag_ok(const uint8_t key[32], const proto_batch_t *b) {
+    if (!b->has_tag) return false;
+    uint8_t want[PROTO_TAG_LEN];
+    proto_task_tag(key, b->task_id, b->job, b->adapter_version, b->kind, want);
+    return sodium_memcmp(want, b->tag, PROTO_TAG_LEN) == 0;
+}
 enum { IT_I, IT_P, IT_N };
 static const char *const proto_item_keys[IT_N] = {"i", "p"};
 
@@ -114,6 +165,7 @@ int proto_task_encode(const proto_task_t *m, proto_buf_t *out) {
     proto_enc_uint(&e, m->max_ctx, PROTO_MAX_TOKENS);
     proto_enc_key(&e, "end");
     proto_enc_uint(&e, (uint64_t)m->end, PROTO_END_EOS);
+    enc_tag(&e, m->has_tag, m->tag);
     return proto_enc_end(&e);
 }
 
@@ -150,7 +202,8 @@ int proto_task_decode(const void *frame, size_t len, proto_task_t *m, char *err)
         proto_get_array(&d, f[TK_ITEMS], "", "items", PROTO_MAX_ITEMS, &items) ||
         proto_opt_u32(&d, f[TK_TURNS], "", "turns", 1, PROTO_MAX_TURNS, 1, &m->max_turns) ||
         proto_opt_u32(&d, f[TK_CTX], "", "ctx", 0, PROTO_MAX_TOKENS, 0, &m->max_ctx) ||
-        proto_opt_u32(&d, f[TK_END], "", "end", PROTO_END_LINE, PROTO_END_EOS, PROTO_END_LINE, &end))
+        proto_opt_u32(&d, f[TK_END], "", "end", PROTO_END_LINE, PROTO_END_EOS, PROTO_END_LINE, &end) ||
+        dec_tag(&d, f[TK_TAG], &m->has_tag, m->tag))
         goto fail;
     m->kind = (proto_kind_t)kind;
     m->end = (proto_end_t)end;
@@ -190,10 +243,10 @@ void proto_task_free(proto_task_t *m) {
 // "done" / "scored"
 
 enum { BA_T, BA_V, BA_TASK, BA_JOB, BA_VER, BA_KIND, BA_TEMP, BA_WORKER, BA_GEN_S, BA_GROUPS, BA_MAX_NEW, BA_TOP_K,
-       BA_TURNS, BA_CTX, BA_TOP_P, BA_SEED, BA_N };
+       BA_TURNS, BA_CTX, BA_TOP_P, BA_SEED, BA_TAG, BA_N };
 static const char *const proto_batch_keys[BA_N] = {"t", "v", "task", "job", "ver", "kind", "temp", "worker",
                                                    "gen_s", "groups", "max_new", "top_k", "turns", "ctx",
-                                                   "top_p", "seed"};
+                                                   "top_p", "seed", "tag"};
 enum { GR_I, GR_P, GR_S, GR_N };
 static const char *const proto_group_keys[GR_N] = {"i", "p", "s"};
 enum { SA_TOK, SA_LP, SA_TEXT, SA_FIN, SA_R, SA_FAIL, SA_ENV, SA_TURNS, SA_PEND, SA_OBS, SA_RW, SA_N };
@@ -245,6 +298,7 @@ int proto_batch_encode(const char *type, const proto_batch_t *m, proto_buf_t *ou
     proto_enc_f32(&e, m->top_p);
     proto_enc_key(&e, "seed");
     proto_enc_uint(&e, m->seed, UINT64_MAX);
+    enc_tag(&e, m->has_tag, m->tag);
     proto_enc_key(&e, "groups");
     proto_enc_array(&e, m->n_groups, PROTO_MAX_ITEMS, m->groups);
     for (uint32_t i = 0; i < m->n_groups && !e.bad; i++) {
@@ -402,7 +456,8 @@ int proto_batch_decode(const char *type, const void *frame, size_t len, proto_ba
         proto_opt_u32(&d, f[BA_TURNS], "", "turns", 1, PROTO_MAX_TURNS, 1, &m->max_turns) ||
         proto_opt_u32(&d, f[BA_CTX], "", "ctx", 0, PROTO_MAX_TOKENS, 0, &m->max_ctx) ||
         (f[BA_TOP_P] && proto_get_f32(&d, f[BA_TOP_P], "", "top_p", &m->top_p)) ||
-        (f[BA_SEED] && proto_get_uint(&d, f[BA_SEED], "", "seed", 0, UINT64_MAX, &m->seed)))
+        (f[BA_SEED] && proto_get_uint(&d, f[BA_SEED], "", "seed", 0, UINT64_MAX, &m->seed)) ||
+        dec_tag(&d, f[BA_TAG], &m->has_tag, m->tag))
         goto fail;
     m->kind = (proto_kind_t)kind;
     if (groups->size) {

@@ -29,6 +29,7 @@
                                          // tokens of up to 16 bytes each)
 #define PROTO_MAX_ID 64                  // bytes of an id (job, tenant, service instance) with
                                          // its NUL: an id fits char[PROTO_MAX_ID]
+#define PROTO_TAG_LEN 32                 // bytes of a task's tag (HMAC-SHA-256)
 #define PROTO_MAX_ITEMS 1024             // prompts in one rollout task
 #define PROTO_MAX_SAMPLES 256            // samples per prompt (group size)
 #define PROTO_MAX_TOKENS 8192            // tokens in one prompt or completion
@@ -79,7 +80,19 @@ typedef struct {
     uint32_t max_turns;
     uint32_t max_ctx;
     proto_end_t end;            // optional on the wire ("end"; absent = PROTO_END_LINE)
+    // The scheduler's proof that it issued the task (proto_task_tag; a secured cluster only):
+    // the rollout copies it into the task's batches and the trainer checks it. nil on the wire
+    // when has_tag is false.
+    bool has_tag;
+    uint8_t tag[PROTO_TAG_LEN];
 } proto_task_t;
+
+// The tag of a task: HMAC-SHA-256 (libsodium crypto_auth_hmacsha256) under a key the scheduler
+// shares with the trainer (bus_link_key) of the task id, job, adapter version and kind, so that a
+// holder of another service's key cannot make up a task or a version for a batch, nor move a
+// task's results to another job. Task ids are random, so a tag is never issued twice.
+void proto_task_tag(const uint8_t key[32], uint64_t task_id, const char *job, uint32_t version, proto_kind_t kind,
+                    uint8_t out[PROTO_TAG_LEN]);
 
 int proto_task_encode(const proto_task_t *m, proto_buf_t *out);
 int proto_task_decode(const void *frame, size_t len, proto_task_t *m, char *err);
@@ -131,6 +144,8 @@ typedef struct {
     uint32_t max_new, top_k, max_turns, max_ctx;
     float top_p;
     uint64_t seed;
+    bool has_tag;                // the task's tag (proto_task_t), carried unchanged
+    uint8_t tag[PROTO_TAG_LEN];
 } proto_batch_t;
 
 // type is "done" (rollout -> verifier), "scored" (verifier -> trainer; rewards set) or "cont"
@@ -138,6 +153,8 @@ typedef struct {
 int proto_batch_encode(const char *type, const proto_batch_t *m, proto_buf_t *out);
 int proto_batch_decode(const char *type, const void *frame, size_t len, proto_batch_t *m, char *err);
 void proto_batch_free(proto_batch_t *m);
+// True when the batch carries the tag of its task id, job, version and kind.
+bool proto_batch_tag_ok(const uint8_t key[32], const proto_batch_t *b);
 // A batch on the heap (what the rollout's worker and the verifier's scorer hand out): frees its
 // contents and itself and sets *pb to NULL.
 void proto_batch_destroy(proto_batch_t **pb);

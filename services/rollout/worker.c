@@ -123,6 +123,8 @@ void worker_add_cont(worker_t *w, proto_batch_t *b) {
     t->temperature = b->temperature;
     t->top_p = b->top_p, t->top_k = b->top_k, t->max_new = b->max_new, t->seed = b->seed;
     t->max_turns = b->max_turns, t->max_ctx = b->max_ctx;
+    t->has_tag = b->has_tag;
+    memcpy(t->tag, b->tag, sizeof t->tag);
     t->n_items = b->n_groups;
     t->items = xcalloc(b->n_groups ? b->n_groups : 1, sizeof *t->items);
     for (uint32_t i = 0; i < b->n_groups; i++) t->items[i] = (proto_item_t){.index = b->groups[i].index, .prompt = xstrdup("")};
@@ -191,6 +193,8 @@ static void finish(worker_t *w, int idx) {
     b->gen_seconds = w->tokens ? w->busy * (double)k->tokens / (double)w->tokens : 0.0;
     b->max_new = k->t.max_new, b->top_k = k->t.top_k, b->top_p = k->t.top_p, b->seed = k->t.seed;
     b->max_turns = k->t.max_turns ? k->t.max_turns : 1, b->max_ctx = k->t.max_ctx;
+    b->has_tag = k->t.has_tag;   // the scheduler's proof of issue travels with the results
+    memcpy(b->tag, k->t.tag, sizeof b->tag);
     if (!k->failed) {
         b->n_groups = k->t.n_items;
         b->groups = k->groups, k->groups = NULL;

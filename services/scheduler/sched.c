@@ -13,6 +13,7 @@
 #include "services/scheduler/sched.h"
 
 #include <math.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,7 +80,8 @@ struct sched {
     stenant_t *tenants;            // tenants of the jobs held: fair share's first level
     int n_tenants, cap_tenants;
     policy_leases_t leases;        // rollout tasks holding a lease
-    uint64_t next_task;
+    bool tagging;                  // a secured cluster: tasks carry a tag (proto_task_tag)
+    uint8_t tag_key[32];           // shared with the trainer (bus_link_key)
     int next_round;
     // live counters (sched_set_metrics); handles of the families
     metrics_t *met;
@@ -147,7 +149,18 @@ sched_t *sched_new(store_t *st, zsock_t *work, const hf_config_t *model, const s
     if (s->cfg.chunk < 1) s->cfg.chunk = 8;
     if (s->cfg.lease_s <= 0) s->cfg.lease_s = 60;
     if (s->cfg.train_lease_s <= 0) s->cfg.train_lease_s = 60;
-    s->next_task = ((uint64_t)time(NULL) << 20);   // unique across scheduler restarts
+    // task ids are random: a result cannot answer a task by guessing its id, and no id repeats
+    // across scheduler restarts; on a secured cluster each task also carries a tag the trainer
+    // checks (proto.h: proto_task_tag)
+    if (bus_is_secure()) {
+        char e2[ERR_LEN];
+        if (bus_link_key("trainer", "marlaas task tag", s->tag_key, e2)) {
+            err_set(err, "cannot derive the task tag key: %s", e2);
+            sched_destroy(&s);
+            return NULL;
+        }
+        s->tagging = true;
+    }
     return s;
 }
 
@@ -358,12 +371,19 @@ static int issue(sched_t *s, sjob_t *j, proto_kind_t kind, const uint64_t *index
         }
         items[i] = (proto_item_t){.index = index[i], .prompt = text};
     }
-    proto_task_t t = {.task_id = s->next_task++, .job = j->id, .adapter_version = version, .kind = kind,
+    uint64_t task_id;
+    do randombytes_buf(&task_id, sizeof task_id);
+    while (!task_id || policy_lease_find(&s->leases, task_id, NULL) >= 0);
+    proto_task_t t = {.task_id = task_id, .job = j->id, .adapter_version = version, .kind = kind,
                       .group = kind == PROTO_KIND_EVAL ? 1 : (uint32_t)j->spec.group, .max_new = (uint32_t)j->spec.max_new,
                       .temperature = j->spec.temperature, .top_p = j->spec.top_p, .top_k = (uint32_t)j->spec.top_k,
                       .seed = j->spec.seed * 1000003ull + index[0], .n_items = n, .items = items,
                       .max_turns = (uint32_t)j->spec.max_turns, .max_ctx = (uint32_t)j->spec.max_context,
                       .end = j->spec.chat ? PROTO_END_EOS : PROTO_END_LINE};
+    if (s->tagging) {
+        t.has_tag = true;
+        proto_task_tag(s->tag_key, t.task_id, t.job, t.adapter_version, t.kind, t.tag);
+    }
     proto_buf_t buf = {0};
     if (proto_task_encode(&t, &buf) || bus_send(s->work, &buf)) {
         proto_buf_free(&buf);

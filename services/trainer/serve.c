@@ -23,6 +23,8 @@ struct trainer {
     uint64_t steps;
     met_window_t step_win;
     int m_steps, m_sps, m_jobs, m_groups, m_dropped, m_job_step, m_job_version, m_job_groups, m_job_failed;
+    bool tagged;             // a secured cluster: batches must carry their task's tag
+    uint8_t tag_key[32];     // shared with the scheduler (bus_link_key)
 };
 
 // --model on k in the precision of --weights, and what was loaded logged. NULL + err.
@@ -167,6 +169,15 @@ trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, co
     if (t->e && (t->dp || dc->world == 1)) t->jobs = tjobs_new(t->e, st, &cfg, err);
     char ep[256];
     svc_bind_endpoint(s, SVC_TRAINER, ep, sizeof ep);
+    if (t->jobs && bus_is_secure()) {
+        char e2[ERR_LEN];
+        if (bus_link_key("scheduler", "marlaas task tag", t->tag_key, e2)) {
+            err_set(err, "cannot derive the task tag key: %s", e2);
+            trainer_close(&t);
+            return NULL;
+        }
+        t->tagged = true;
+    }
     if (t->jobs) t->in = bus_bind(ZMQ_PULL, ep, BUS_DEFAULT_HWM, PROTO_MAX_FRAME, err);
     svc_bind_endpoint(s, SVC_TRAINER_EVENTS, ep, sizeof ep);
     if (t->in) t->pub = bus_bind(ZMQ_PUB, ep, BUS_DEFAULT_HWM, 0, err);
@@ -182,12 +193,20 @@ trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, co
 
 // A scored batch from a verifier. One the jobs cannot use (an unknown or finished job's, a
 // version from the future, ...) is refused with its job named: the scheduler's lease on those
-// groups runs out and it issues them again.
+// groups runs out and it issues them again. On a secured cluster a batch must carry the tag the
+// scheduler gave its task (proto_task_tag): a holder of a rollout's or a verifier's key cannot
+// make up a task, a version or a job.
 static int on_batch(void *ctx, zframe_t *f, char *err) {
     trainer_t *t = ctx;
     proto_batch_t b;
     if (proto_batch_decode("scored", zframe_data(f), zframe_size(f), &b, err)) return -1;
     char why[ERR_LEN];
+    if (t->tagged && !proto_batch_tag_ok(t->tag_key, &b)) {
+        svc_reject(t->s, b.job, "batch not used: task %llu %s the scheduler's tag for this job, version and kind",
+                   (unsigned long long)b.task_id, b.has_tag ? "does not carry" : "carries no tag, not");
+        proto_batch_free(&b);
+        return 0;
+    }
     if (tjobs_add(t->jobs, &b, why) < 0) {
         svc_reject(t->s, b.job, "batch not used: %s", why);
         proto_batch_free(&b);

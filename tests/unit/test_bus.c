@@ -155,3 +155,31 @@ Test(bus, keys_errors_are_named) {
     cr_assert_eq(bus_public_key(NULL, key, again, err), 0, "%s", err);   // the key text itself
     cr_assert_str_eq(again, key);
 }
+
+// The task tag key: the scheduler and the trainer derive the same key, each from its own secret
+// and the other's public key; any other pair, another purpose or another cluster's keys differ.
+Test(bus, link_keys_agree_between_the_two_ends_only) {
+    char dir[512], dir2[512], err[ERR_LEN];
+    keys_dir(dir, sizeof dir, "bus-link");
+    keys_dir(dir2, sizeof dir2, "bus-link2");
+    uint8_t st[32], ts[32], sr[32], other[32], purpose[32], foreign[32];
+    cr_assert_eq(bus_link_key("trainer", "p", st, err), -1, "not secured: no key");
+    cr_assert_eq(bus_secure(dir, "scheduler", err), 0, "%s", err);
+    cr_assert_eq(bus_link_key("trainer", "p", st, err), 0, "%s", err);
+    cr_assert_eq(bus_link_key("rollout", "p", sr, err), 0, "%s", err);
+    cr_assert_eq(bus_link_key("trainer", "q", purpose, err), 0, "%s", err);
+    cr_assert_eq(bus_link_key("nobody", "p", other, err), -1);
+    cr_assert_not_null(strstr(err, "nobody.key"), "%s", err);
+    cr_assert_eq(bus_secure(dir, "trainer", err), 0, "%s", err);
+    cr_assert_eq(bus_link_key("scheduler", "p", ts, err), 0, "%s", err);
+    cr_assert_eq(bus_secure(dir, "verifier", err), 0, "%s", err);
+    cr_assert_eq(bus_link_key("scheduler", "p", other, err), 0, "%s", err);
+    cr_assert_eq(bus_secure(dir2, "trainer", err), 0, "%s", err);
+    cr_assert_eq(bus_link_key("scheduler", "p", foreign, err), 0, "%s", err);
+    bus_secure_end();
+    cr_assert_arr_eq(st, ts, 32, "the two ends derive the same key");
+    cr_assert_arr_neq(st, sr, 32);
+    cr_assert_arr_neq(st, other, 32, "the verifier cannot derive the scheduler-trainer key");
+    cr_assert_arr_neq(st, purpose, 32);
+    cr_assert_arr_neq(st, foreign, 32);
+}

@@ -328,6 +328,8 @@ static void cmp_task(const proto_task_t *a, const proto_task_t *b) {
     cr_assert_eq(a->top_k, b->top_k);
     cr_assert_eq(a->seed, b->seed);
     cr_assert_eq(a->end, b->end);
+    cr_assert_eq(a->has_tag, b->has_tag);
+    if (a->has_tag) cr_assert_arr_eq(a->tag, b->tag, PROTO_TAG_LEN);
     cr_assert_eq(a->n_items, b->n_items);
     for (uint32_t i = 0; i < a->n_items; i++) {
         cr_assert_eq(a->items[i].index, b->items[i].index, "item %u", i);
@@ -343,6 +345,8 @@ static void cmp_batch(const proto_batch_t *a, const proto_batch_t *b) {
     cr_assert_eq(tu_f2u(a->temperature), tu_f2u(b->temperature));
     cr_assert_str_eq(a->worker, b->worker);
     cr_assert_eq(d2u(a->gen_seconds), d2u(b->gen_seconds));
+    cr_assert_eq(a->has_tag, b->has_tag);
+    if (a->has_tag) cr_assert_arr_eq(a->tag, b->tag, PROTO_TAG_LEN);
     cr_assert_eq(a->n_groups, b->n_groups);
     for (uint32_t i = 0; i < a->n_groups; i++) {
         const proto_group_t *g = &a->groups[i], *h = &b->groups[i];
@@ -522,6 +526,68 @@ PROTO_TEST(report_round_trip) {
         proto_report_free(&d);
         proto_buf_free(&b);
     }
+}
+
+// A task's tag travels unchanged through task, "done" and "scored"; it is bound to the task id,
+// job, version and kind under the key; 31 bytes or a string are refused.
+PROTO_TEST(task_tags_bind_task_job_version_kind) {
+    uint8_t key[32], key2[32];
+    for (int i = 0; i < 32; i++) key[i] = (uint8_t)(3 * i + 1), key2[i] = key[i];
+    key2[31] ^= 1;
+    proto_task_t t = fx_task(), dt;
+    t.has_tag = true;
+    proto_task_tag(key, t.task_id, t.job, t.adapter_version, t.kind, t.tag);
+    proto_buf_t b = {0};
+    char err[ERR_LEN];
+    cr_assert_eq(proto_task_encode(&t, &b), 0);
+    cr_assert_eq(proto_task_decode(b.data, b.len, &dt, err), 0, "%s", err);
+    cmp_task(&t, &dt);
+    proto_task_free(&dt);
+    proto_buf_free(&b);
+    proto_batch_t m = fx_batch(), d;
+    m.task_id = t.task_id, m.job = t.job, m.adapter_version = t.adapter_version, m.kind = t.kind;
+    cr_assert_not(proto_batch_tag_ok(key, &m), "a batch without a tag");
+    m.has_tag = true;
+    memcpy(m.tag, t.tag, PROTO_TAG_LEN);
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(proto_batch_encode(k ? "scored" : "done", &m, &b), 0);
+        cr_assert_eq(proto_batch_decode(k ? "scored" : "done", b.data, b.len, &d, err), 0, "%s", err);
+        cmp_batch(&m, &d);
+        cr_assert(proto_batch_tag_ok(key, &d));
+        cr_assert_not(proto_batch_tag_ok(key2, &d), "another key");
+        proto_batch_free(&d);
+        proto_buf_free(&b);
+    }
+    proto_batch_t v = m;
+    v.task_id ^= 1;
+    cr_assert_not(proto_batch_tag_ok(key, &v), "another task id");
+    v = m, v.job = "job-β";
+    cr_assert_not(proto_batch_tag_ok(key, &v), "another job");
+    v = m, v.adapter_version ^= 1;
+    cr_assert_not(proto_batch_tag_ok(key, &v), "another version");
+    v = m, v.kind = PROTO_KIND_EVAL;
+    cr_assert_not(proto_batch_tag_ok(key, &v), "another kind");
+    v = m, v.tag[0] ^= 0x80;
+    cr_assert_not(proto_batch_tag_ok(key, &v), "a flipped bit");
+    // on the wire: exactly PROTO_TAG_LEN bytes of binary, or nil
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    cr_assert_eq(proto_task_encode(&t, &b), 0);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    cr_assert_eq(msgpack_unpack_next(&u, (const char *)b.data, b.len, NULL), MSGPACK_UNPACK_SUCCESS);
+    msgpack_object_map *mp = &u.data.via.map;
+    for (uint32_t i = 0; i < mp->size; i++)
+        if (mp->ptr[i].key.via.str.size == 3 && !memcmp(mp->ptr[i].key.via.str.ptr, "tag", 3))
+            mp->ptr[i].val.via.bin.size = PROTO_TAG_LEN - 1;
+    msgpack_pack_object(&pk, u.data);
+    cr_assert_eq(proto_task_decode(sb.data, sb.size, &dt, err), -1);
+    cr_assert_not_null(strstr(err, "field 'tag' must be nil or 32 bytes of binary"), "%s", err);
+    msgpack_unpacked_destroy(&u);
+    msgpack_sbuffer_destroy(&sb);
+    proto_buf_free(&b);
 }
 
 // Text that is not UTF-8 (an error message cut inside a character) goes out repaired, each
