@@ -100,6 +100,12 @@ int svc_init(svc_t *s, const char *name, int argc, char **argv, const char *help
                 fprintf(stderr, "marlaas-%s: --set takes KEY=VALUE\n", name);
                 return -1;
             }
+            // a value cut to fit would change its meaning (an allow-list losing entries)
+            if (eq - optarg >= 256 || strlen(eq + 1) >= 256) {
+                fprintf(stderr, "marlaas-%s: --set %.*s: longer than 255 bytes%s\n", name, (int)(eq - optarg < 64 ? eq - optarg : 64),
+                        optarg, !strncmp(optarg, "reward_allow=", 13) ? " (give a long list in MARLAAS_REWARD_ALLOW)" : "");
+                return -1;
+            }
             snprintf(s->extra[s->n_extra][0], 256, "%.*s", (int)(eq - optarg), optarg);
             snprintf(s->extra[s->n_extra][1], 256, "%s", eq + 1);
             s->n_extra++;
@@ -188,6 +194,42 @@ static void redis_addr(const svc_t *s, char *host, size_t n, int *port) {
     } else {
         snprintf(host, n, "%s", r);
     }
+}
+
+endpoint_rules_t *svc_endpoint_rules(const svc_t *s, char *err) {
+    const char *allow = svc_extra(s, "reward_allow", NULL);
+    if (!allow) allow = getenv("MARLAAS_REWARD_ALLOW");
+    char why[ERR_LEN];
+    endpoint_rules_t *r = endpoint_rules_new(allow, why);
+    if (!r) {
+        err_set(err, "reward_allow: %s", why);
+        return NULL;
+    }
+    static const struct {
+        svc_opt_t o;
+        const char *label;
+    } own[] = {
+        {SVC_API, "the scheduler's API (--api)"},
+        {SVC_WORK, "the scheduler's work port (--work)"},
+        {SVC_EVENTS, "the scheduler's event port (--events)"},
+        {SVC_REPORTS, "the scheduler's report port (--reports)"},
+        {SVC_VERIFIERS, "a verifier's port (--verifiers)"},
+        {SVC_TRAINER, "the trainer's port (--trainer)"},
+        {SVC_TRAINER_EVENTS, "the trainer's event port (--trainer-events)"},
+    };
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+        if (endpoint_rules_deny(r, s->opt[own[i].o], own[i].label, err)) goto fail;
+    char host[256], port[16];
+    int p;
+    redis_addr(s, host, sizeof host, &p);
+    snprintf(port, sizeof port, "%d", p);
+    if (endpoint_rules_deny(r, port, "the cluster's Redis (--redis)", err)) goto fail;
+    const char *dp = svc_extra(s, "dp_endpoint", "");
+    if (*dp && endpoint_rules_deny(r, dp, "the trainer's data-parallel port (dp_endpoint)", err)) goto fail;
+    return r;
+fail:
+    endpoint_rules_destroy(&r);
+    return NULL;
 }
 
 store_t *svc_store(const svc_t *s, char *err) {

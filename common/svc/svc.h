@@ -31,6 +31,7 @@
 
 #include "common/svc/http.h"
 #include "common/svc/metrics.h"
+#include "common/net/endpoint.h"
 #include "common/net/store.h"
 
 typedef enum {
@@ -66,6 +67,13 @@ const char *svc_get(const svc_t *s, svc_opt_t o);
 void svc_bind_endpoint(const svc_t *s, svc_opt_t o, char *out, size_t n);
 // A service extra (--set key=value), or def.
 const char *svc_extra(const svc_t *s, const char *key, const char *def);
+// Where tenants' reward and environment services may be (endpoint.h): the allow-list
+// reward_allow (--set reward_allow=LIST, else MARLAAS_REWARD_ALLOW; none: any tcp host), and the
+// cluster's own ports refused on every host: the endpoint settings (--api, --work, --events,
+// --reports, --verifiers, --trainer, --trainer-events), Redis (--redis) and the trainer's
+// dp_endpoint when set. The verifier checks every endpoint it connects to; the scheduler can
+// check a job's at submission. NULL + err (naming the setting) for a bad list or setting.
+endpoint_rules_t *svc_endpoint_rules(const svc_t *s, char *err);
 // Connects to Redis per --redis / --prefix. NULL + err.
 store_t *svc_store(const svc_t *s, char *err);
 // Writes svc:{name}:{id} (hash of the given fields plus time) with a TTL of ttl seconds.

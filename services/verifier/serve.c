@@ -12,10 +12,19 @@
 struct verifier {
     svc_t *s;
     scorer_t *sc;
+    endpoint_rules_t *rules;  // where tenants' services may be (svc_endpoint_rules)
     zsock_t *in, *train, *rep;
     uint64_t scored;
-    int m_batches, m_samples, m_cont, m_job_samples, m_job_correct, m_job_reward, m_job_errors;
+    int m_batches, m_samples, m_cont, m_job_samples, m_job_correct, m_job_reward, m_job_errors, m_refused, m_sockets;
 };
+
+// A reply of a tenant's service that the scorer did not apply: the reject path (counted in the
+// rejected and errors families, logged one line per reason and 5 s).
+static void on_refused_reply(void *ctx, const char *msg) {
+    verifier_t *v = ctx;
+    metrics_add(v->s->met, v->m_refused, NULL, 1);
+    svc_reject(v->s, NULL, "%s", msg);
+}
 
 verifier_t *verifier_open(svc_t *s, store_t *st, char *err) {
     verifier_t *v = xcalloc(1, sizeof *v);
@@ -32,8 +41,26 @@ verifier_t *verifier_open(svc_t *s, store_t *st, char *err) {
                                       "Sum of rewards, per job (mean reward = rate of this / rate of samples).");
     v->m_job_errors = metrics_def_job(met, "marlaas_verifier_job_errors_total", MET_COUNTER,
                                       "Samples whose scoring failed (reward service error or timeout), per job.");
-    char ep[256];
-    v->sc = scorer_new(st, err);
+    v->m_refused = metrics_def(met, "marlaas_verifier_replies_refused_total", MET_COUNTER,
+                               "Replies of reward/environment services not applied: answering no request sent on "
+                               "their socket (late or made up), or malformed.");
+    v->m_sockets = metrics_def(met, "marlaas_verifier_service_sockets", MET_GAUGE,
+                               "Sockets open to tenants' reward/environment services.");
+    char ep[256], rules[1024];
+    v->rules = svc_endpoint_rules(s, err);
+    int per_tenant = atoi(svc_extra(s, "max_tenant_endpoints", "8"));
+    if (v->rules && (per_tenant < 1 || per_tenant > SCORER_MAX_ENDPOINTS)) {
+        err_set(err, "max_tenant_endpoints must be 1..%d, got '%s'", SCORER_MAX_ENDPOINTS,
+                svc_extra(s, "max_tenant_endpoints", "8"));
+        verifier_close(&v);
+        return NULL;
+    }
+    if (v->rules) {
+        endpoint_rules_describe(v->rules, rules, sizeof rules);
+        log_info("reward/environment endpoints: %s; %d sockets per tenant", rules, per_tenant);
+        scorer_cfg_t cfg = {.rules = v->rules, .per_tenant = per_tenant, .reject = on_refused_reply, .ctx = v};
+        v->sc = scorer_new(st, &cfg, err);
+    }
     svc_bind_endpoint(s, SVC_VERIFIERS, ep, sizeof ep);
     if (v->sc) v->in = bus_bind(ZMQ_PULL, ep, BUS_DEFAULT_HWM, PROTO_MAX_FRAME, err);
     if (v->in) v->train = bus_connect(ZMQ_PUSH, svc_get(s, SVC_TRAINER), "trainer", BUS_DEFAULT_HWM, 0, err);
@@ -133,6 +160,8 @@ static void beat(void *ctx, svc_beat_t *b) {
     b->queue = scorer_pending(v->sc);
     svc_beat_add(b, "batches", "%llu", (unsigned long long)v->scored);
     svc_beat_add(b, "pending", "%d", scorer_pending(v->sc));
+    svc_beat_add(b, "service_sockets", "%d", scorer_endpoints(v->sc));
+    metrics_set(v->s->met, v->m_sockets, NULL, scorer_endpoints(v->sc));
 }
 
 void verifier_register(void *module, svc_loop_t *l) {
@@ -153,6 +182,7 @@ void verifier_close(verifier_t **pv) {
     zsock_destroy(&v->train);
     zsock_destroy(&v->in);
     scorer_destroy(&v->sc);
+    endpoint_rules_destroy(&v->rules);
     free(v);
     *pv = NULL;
 }
