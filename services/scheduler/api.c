@@ -13,6 +13,7 @@
 #include "common/engine/kvcache.h"
 #include "common/engine/lora.h"
 #include "common/formats/json.h"
+#include "common/net/endpoint.h"
 #include "common/net/bus.h"
 #include "common/rl/jobspec.h"
 #include "common/rl/rl.h"
@@ -35,6 +36,7 @@ struct api {
     char chat_error[ERR_LEN];
     tokenizer_t *tok;              // the model's: prompts measured against the context at submission
     rl_runtime_cfg_t serve;        // the context and KV cache the rollouts serve (api_set_serving)
+    endpoint_rules_t *endpoints;   // where tenants' services may be (api_set_endpoint_rules); owned
 };
 
 api_t *api_new(store_t *st, sched_t *sc, const char *admin_token, const char *model_dir, char *err) {
@@ -91,6 +93,11 @@ int api_set_serving(api_t *a, int max_context, int kv_mb, char *err) {
     return 0;
 }
 
+void api_set_endpoint_rules(api_t *a, endpoint_rules_t *rules) {
+    endpoint_rules_destroy(&a->endpoints);
+    a->endpoints = rules;
+}
+
 void api_set_chat(api_t *a, const chat_template_t *ct, const char *why_none) {
     a->chat = ct;
     snprintf(a->chat_error, sizeof a->chat_error, "%s", why_none ? why_none : "");
@@ -100,6 +107,7 @@ void api_destroy(api_t **pa) {
     if (!pa || !*pa) return;
     free((*pa)->model_json);
     tokenizer_destroy(&(*pa)->tok);
+    endpoint_rules_destroy(&(*pa)->endpoints);
     free(*pa);
     *pa = NULL;
 }
@@ -414,6 +422,12 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
     if (!spec_txt) return err_set(err, "job_submit: spec (JSON) required");
     jobspec_t spec;
     if (jobspec_parse(&spec, spec_txt, err)) return -1;
+    // the tenant's services, where the verifier would connect: the same rules it applies
+    char why[ERR_LEN];
+    if (spec.reward_endpoint[0] && !endpoint_allowed(spec.reward_endpoint, a->endpoints, why))
+        return err_set(err, "spec.reward.endpoint: %s", why);
+    if (spec.env_endpoint[0] && !endpoint_allowed(spec.env_endpoint, a->endpoints, why))
+        return err_set(err, "spec.env.endpoint: %s", why);
     const proto_val_t *dv = proto_args_get(&q->args, "dataset");
     const char *data = dv && (dv->kind == PROTO_VAL_STR || dv->kind == PROTO_VAL_BIN) ? dv->s : NULL;
     size_t data_len = data ? dv->len : 0;

@@ -22,6 +22,7 @@
 
 #include <czmq.h>
 
+#include "common/net/endpoint.h"
 #include "common/net/store.h"
 #include "services/scheduler/sched.h"
 
@@ -32,6 +33,9 @@ void api_destroy(api_t **a);
 // The base model's chat template (borrowed; NULL with the reason when it has none): chat jobs
 // are refused without one, and every prompt of a chat job is rendered at submission.
 void api_set_chat(api_t *a, const chat_template_t *ct, const char *why_none);
+// The rules job_submit checks the reward and environment endpoints of a spec against (the
+// verifier's own: svc_endpoint_rules); the API owns them. NULL: none.
+void api_set_endpoint_rules(api_t *a, endpoint_rules_t *rules);
 // The context and KV cache the rollouts serve, by their settings max_context and kv_mb (0: the
 // defaults, rl.h), against which job_submit measures prompts. -1 + err for a context the model lacks.
 int api_set_serving(api_t *a, int max_context, int kv_mb, char *err);

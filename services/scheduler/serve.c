@@ -76,6 +76,9 @@ scheduler_t *scheduler_open(svc_t *s, store_t *st, const sched_cfg_t *cfg, const
         // the rollouts' settings of the same names: job specs are measured against what they serve
         if (c->api && api_set_serving(c->api, atoi(svc_extra(s, "max_context", "0")), atoi(svc_extra(s, "kv_mb", "0")), err))
             api_destroy(&c->api);
+        endpoint_rules_t *rules = c->api ? svc_endpoint_rules(s, err) : NULL;
+        if (rules) api_set_endpoint_rules(c->api, rules);
+        else api_destroy(&c->api);
     }
     if (!c->api) {
         scheduler_close(&c);

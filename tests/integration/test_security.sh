@@ -98,7 +98,15 @@ run_mode() {   # run_mode secure|insecure
     J=$(submit "$A" --task vowels --steps 5000 --prompts 8 --eval-every 5000 --eval-n 16)
     K=$(submit "$A" --task pad --steps 15 --prompts 8 --eval-every 15 --eval-n 16)
     wait_for 60 stepped || echo "(job $J had not stepped before the attacks)"
+    # J's step rate over 10 s before the attacks and while they run
+    local s0 s1 s2 t0 t1 t2
+    s0=$(num "$(job_field "$A" "$J" step)") t0=$(date +%s.%N)
+    sleep 10
+    s1=$(num "$(job_field "$A" "$J" step)") t1=$(date +%s.%N)
     attack > "$tmp/$mode.txt"
+    s2=$(num "$(job_field "$A" "$J" step)") t2=$(date +%s.%N)
+    awk -v a="$((s1 - s0))" -v b="$((s2 - s1))" -v x="$t0" -v y="$t1" -v z="$t2" \
+        'BEGIN{printf "rate_before %.3f\nrate_during %.3f\n", a / (y - x), b / (z - y)}' >> "$tmp/$mode.txt"
     "$M" cancel "$J" --token "$A" > /dev/null
     wait_jobs "$A" 600 || true
     echo "job $(job_field "$A" "$K" status)" >> "$tmp/$mode.txt"
@@ -110,6 +118,10 @@ run_mode() {   # run_mode secure|insecure
 
 run_mode secure
 run_mode insecure
+# tenants' attacks through their own reward services (B7 spoofing, B8 endpoint exhaustion, the
+# endpoint rules) on a cluster of their own
+bash tests/integration/security_reward.sh > "$tmp/reward.txt" 2>&1
+reward_rc=$?
 got() { awk -v k="$2" '$1==k{print $2}' "$tmp/$1.txt"; }
 printf '%-9s %8s %8s\n' attack secure insecure
 for a in steal listen forge stranger plain_api slow_http; do
@@ -120,10 +132,15 @@ done
 for a in steal listen forge plain_api; do
     check "insecure cluster: $a gets through ($(got insecure $a))" [ "$(num "$(got insecure $a)")" -gt 0 ]
 done
+rb=$(got secure rate_before) rd=$(got secure rate_during)
+check "the tenant's job kept its step rate under the attacks on the secure cluster ($rb -> $rd steps/s, >= 85 %)" \
+    awk -v b="$rb" -v d="$rd" 'BEGIN{exit !(b > 0 && d >= 0.85 * b)}'
 check "the tenant's job finished on the secure cluster ($(got secure job))" [ "$(got secure job)" = done ]
 check "the tenant's job finished on the insecure cluster ($(got insecure job))" [ "$(got insecure job)" = done ]
 check "$(got insecure forge) refused frames logged in at most 30 lines ($(got insecure log_lines))" \
     [ "$(num "$(got insecure log_lines)")" -le 30 ]
+grep -E '^(B7|B8|allow-list|FAILED)' "$tmp/reward.txt"
+check "tenants' reward services: $(tail -n 1 "$tmp/reward.txt")" [ "$reward_rc" = 0 ]
 [ $fail = 0 ] && echo "security: without a key of the cluster, steal/listen/forge/stranger/plain API got 0 through" \
     "(insecure: $(got insecure steal) tasks, $(got insecure listen) events, $(got insecure forge) frames, API answered)"
 exit $fail
