@@ -632,9 +632,18 @@ void sched_tick(sched_t *s) {
 
 // --- reports -----------------------------------------------------------------------------------
 
-void sched_report(sched_t *s, const proto_report_t *r) {
+// A field of the job's hash in the store; "" when it cannot be read.
+static void job_hash_field(sched_t *s, const char *job, const char *field, char *out, size_t n) {
+    char key[256], err[ERR_LEN], *v = NULL;
+    out[0] = 0;
+    key_job(s->st, key, sizeof key, job);
+    if (store_hget(s->st, key, field, &v, NULL, err) == 0) snprintf(out, n, "%s", v);
+    free(v);
+}
+
+int sched_report(sched_t *s, const proto_report_t *r, char *err) {
     sjob_t *j = find(s, r->job);
-    if (!j) return;
+    if (!j) return 0;   // a job that ended and left the table: late results are surplus
     switch (r->kind) {
     case PROTO_REP_EPISODES: {
         // the lease leaves the table before eval_done, which may drop the job's other leases; no
@@ -655,14 +664,24 @@ void sched_report(sched_t *s, const proto_report_t *r) {
             j->correct_train += r->correct;
             j->reward_errors += r->errors;
             if (r->errors) {
-                char key[256], err[ERR_LEN];
+                char key[256], e2[ERR_LEN];
                 key_job(s->st, key, sizeof key, j->id);
-                store_hincrby(s->st, key, "reward_errors", r->errors, NULL, err);
+                store_hincrby(s->st, key, "reward_errors", r->errors, NULL, e2);
             }
         }
         break;
     }
     case PROTO_REP_STEP:
+        // the trainer publishes a version (adapter, version, step: one transaction) before it
+        // reports it: a report of a version the store does not hold is none of the trainer's
+        if (r->adapter_version > j->version || r->step > j->step) {
+            char v[32], st[32];
+            job_hash_field(s, j->id, JOB_VERSION, v, sizeof v);
+            job_hash_field(s, j->id, JOB_STEP, st, sizeof st);
+            if (!v[0] || strtoull(v, NULL, 10) < r->adapter_version || !st[0] || strtoull(st, NULL, 10) < r->step)
+                return err_set(err, "step report: step %u, version %u of job %s are not in the store (step %s, version "
+                               "%s)", r->step, r->adapter_version, j->id, st[0] ? st : "?", v[0] ? v : "?");
+        }
         policy_step_report(&j->step, &j->version, r->step, r->adapter_version);
         j->at_trainer -= (int)(r->n + r->errors);
         if (j->at_trainer < 0) j->at_trainer = 0;
@@ -671,13 +690,22 @@ void sched_report(sched_t *s, const proto_report_t *r) {
         publish(s, j, "step", -1);
         break;
     case PROTO_REP_JOB_FAILED:
+        // from the trainer, which marks the job failed in the store first, or from a verifier
+        // for a task of the job holding a lease (a reward service that failed the job)
+        if (policy_lease_find(&s->leases, r->task_id, j->id) < 0) {
+            char st[32];
+            job_hash_field(s, j->id, JOB_STATUS, st, sizeof st);
+            if (strcmp(st, "failed"))
+                return err_set(err, "job failure report for %s: it names no task of the job's and the store has the "
+                               "job %s", j->id, st[0] ? st : "unreadable");
+        }
         if (j->state == JS_RUNNING || j->state == JS_QUEUED) {
             drop_tasks(s, j->id);
             set_state(s, j, JS_FAILED, r->error ? r->error : "failed");
         }
         break;
     case PROTO_REP_TASK_FAILED: {
-        int i = policy_lease_find(&s->leases, r->task_id, NULL);
+        int i = policy_lease_find(&s->leases, r->task_id, j->id);
         if (i < 0) break;
         // expire it now: the next tick issues its prompts again
         s->leases.v[i].deadline = 0;
@@ -688,6 +716,7 @@ void sched_report(sched_t *s, const proto_report_t *r) {
         break;
     }
     }
+    return 0;
 }
 
 int sched_continue(sched_t *s, const void *frame, size_t len, char *err) {

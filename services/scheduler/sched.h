@@ -33,8 +33,10 @@ int sched_restore(sched_t *s, char *err);
 int sched_add_job(sched_t *s, const char *job, char *err);
 // The job was cancelled through the API.
 void sched_cancel(sched_t *s, const char *job);
-// Applies a report from a verifier, rollout or trainer.
-void sched_report(sched_t *s, const proto_report_t *r);
+// Applies a report from a verifier, rollout or trainer; -1 + err for one the job's state
+// refutes (a step or version the store does not hold, a job failure with neither a task of the
+// job's nor the failure in the store).
+int sched_report(sched_t *s, const proto_report_t *r, char *err);
 // A "cont" frame from a verifier (episodes awaiting their next turn): forwarded to the rollouts
 // as is, and the task's lease renewed. -1 + err for a malformed frame.
 int sched_continue(sched_t *s, const void *frame, size_t len, char *err);

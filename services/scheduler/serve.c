@@ -110,8 +110,9 @@ static int on_report(void *ctx, zframe_t *f, char *err) {
     } else {
         proto_report_t r;
         if (proto_report_decode(zframe_data(f), zframe_size(f), &r, err)) return -1;
-        sched_report(c->sc, &r);
+        int rc = sched_report(c->sc, &r, err);
         proto_report_free(&r);
+        if (rc) return -1;
     }
     c->reports_in++;
     return 0;

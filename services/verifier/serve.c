@@ -131,7 +131,8 @@ static void send_scored(verifier_t *v, const proto_batch_t *b) {
 
 static void send_job_failed(verifier_t *v, const proto_batch_t *b, const char *why) {
     proto_buf_t buf = {0};
-    proto_report_t f = {.kind = PROTO_REP_JOB_FAILED, .job = b->job, .source = v->s->id, .error = (char *)why};
+    proto_report_t f = {.kind = PROTO_REP_JOB_FAILED, .job = b->job, .source = v->s->id, .task_id = b->task_id,
+                        .error = (char *)why};
     if (!proto_report_encode(&f, &buf)) bus_send(v->rep, &buf);
     proto_buf_free(&buf);
     metrics_add(v->s->met, v->s->m_errors, NULL, 1);
