@@ -10,7 +10,7 @@
 //   adapter:{id}:{ver}  string: version ver of the job's adapter (the trainer keeps the latest few)
 //   optim:{id}          string: the job's optimiser state
 //   metrics:{id}        stream: the job's steps and evals (field-value entries), bounded
-//   tenant:{name}       hash: the tenant's record (quota)
+//   tenant:{name}       hash: the tenant's record (quota; optional: the trainer's fair-share weight)
 //   tenants             set: every tenant name
 //   tenants:seq         counter: tenants created
 //   tokens              hash: token hash -> tenant name
@@ -51,6 +51,8 @@
 #define TENANT_TOKEN_HASH "token_hash"
 #define TENANT_QUOTA "quota"
 #define TENANT_CREATED "created"
+// Optional: the tenant's fair-share weight at the trainer, a number in (0, 100] (absent = 1).
+#define TENANT_WEIGHT "weight"
 
 const char *key_job(const store_t *st, char *buf, size_t n, const char *job);
 const char *key_job_data(const store_t *st, char *buf, size_t n, const char *job);
