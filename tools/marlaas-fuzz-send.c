@@ -3,7 +3,7 @@
 //   marlaas-fuzz-send --endpoint tcp://127.0.0.1:P --type push|dealer|req|pub --count N
 //                     [--seed S] [--oversize] [--oversize-bytes B] [--token T] [--wait-ms MS]
 //                     [--only KIND,...] [--message TYPE,...]
-//                     [--keys DIR --as NAME --server NAME | --server-key KEY]
+//                     [--keys DIR --as NAME --server NAME | --server-key KEY] [--file PATH]
 //
 // Every bound socket of a cluster takes frames from anyone who can reach it, so each must
 // survive whatever arrives. This tool connects with the given socket type and sends N frames,
@@ -33,6 +33,10 @@
 // messages of one type. With --token, valid API requests carry that token and reach the
 // operations themselves (invalid specs, unknown jobs, bad arguments) instead of stopping at
 // "invalid token".
+//
+// --file PATH sends the file's bytes as each of the N frames instead: a message built elsewhere
+// (a well-formed frame with hostile contents, e.g. a scored batch whose tokens lie outside the
+// vocabulary, pushed with a stolen verifier key).
 //
 // --type pull or sub sends nothing: it takes the frames the socket yields within --wait-ms and
 // prints how many ("received N frames"), as an eavesdropper on the work or event ports would.
@@ -710,7 +714,9 @@ static void usage(FILE *f) {
                "                         [--seed S] [--oversize] [--oversize-bytes B] [--token T] [--wait-ms MS]\n"
                "                         [--only KIND,...] [--message TYPE,...]\n"
                "                         [--keys DIR --as NAME --server NAME | --server-key KEY] [--send-timeout-ms MS]\n"
-               "Sends N hostile frames (deterministic for the seed) and exits; see the source header.\n");
+               "                         [--file PATH]\n"
+               "Sends N hostile frames (deterministic for the seed; with --file, N copies of the file's bytes)\n"
+               "and exits; see the source header.\n");
 }
 
 // A comma-separated subset of names[0..n) as indices (all of them when list is NULL).
@@ -765,9 +771,10 @@ int main(int argc, char **argv) {
                                  {"only", required_argument, 0, 'y'},     {"message", required_argument, 0, 'm'},
                                  {"keys", required_argument, 0, 'K'},     {"as", required_argument, 0, 'A'},
                                  {"server", required_argument, 0, 'S'},   {"server-key", required_argument, 0, 'P'},
-                                 {"send-timeout-ms", required_argument, 0, 'T'},
+                                 {"send-timeout-ms", required_argument, 0, 'T'}, {"file", required_argument, 0, 'F'},
                                  {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
-    const char *only = NULL, *messages = NULL, *keys = NULL, *as = NULL, *server = NULL, *server_key = NULL;
+    const char *only = NULL, *messages = NULL, *keys = NULL, *as = NULL, *server = NULL, *server_key = NULL,
+               *file = NULL;
     int o;
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         int bad = 0;
@@ -787,6 +794,7 @@ int main(int argc, char **argv) {
         case 'S': server = optarg; break;
         case 'P': server_key = optarg; break;
         case 'T': bad = parse_u64("--send-timeout-ms", optarg, 1, 600000, &send_ms); break;
+        case 'F': file = optarg; break;
         case 'h': usage(stdout); return 0;
         default: bad = 1;
         }
@@ -808,6 +816,21 @@ int main(int argc, char **argv) {
             fprintf(stderr, "marlaas-fuzz-send: --type must be push, dealer, req, pub, pull or sub, got '%s'\n", type_s);
         usage(stderr);
         return 2;
+    }
+
+    buf_t fbytes = {0};
+    if (file) {
+        FILE *f = fopen(file, "rb");
+        char chunk[65536];
+        size_t got;
+        while (f && (got = fread(chunk, 1, sizeof chunk, f)) > 0) buf_put(&fbytes, chunk, got);
+        if (!f || ferror(f)) {
+            fprintf(stderr, "marlaas-fuzz-send: cannot read %s: %s\n", file, strerror(errno));
+            if (f) fclose(f);
+            buf_free(&fbytes);
+            return 2;
+        }
+        fclose(f);
     }
 
     void *ctx = zmq_ctx_new();
@@ -844,6 +867,7 @@ int main(int argc, char **argv) {
         if (!mine) {
             zmq_close(s.sock);
             zmq_ctx_term(ctx);
+            buf_free(&fbytes);
             return 2;
         }
         zcert_apply(mine, s.sock);
@@ -854,6 +878,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "marlaas-fuzz-send: cannot connect to %s: %s\n", endpoint, zmq_strerror(zmq_errno()));
         zmq_close(s.sock);
         zmq_ctx_term(ctx);
+        buf_free(&fbytes);
         return 2;
     }
     if (type == ZMQ_PULL || type == ZMQ_SUB) {
@@ -878,6 +903,7 @@ int main(int argc, char **argv) {
                type_s, wait_ms);
         zmq_close(s.sock);
         zmq_ctx_term(ctx);
+        buf_free(&fbytes);
         return 0;
     }
     if (type == ZMQ_PUB) {
@@ -891,7 +917,13 @@ int main(int argc, char **argv) {
     if (n_over > count) n_over = count;
     rng_t r = {.s = seed};
     uint64_t next_over = 0;
-    for (uint64_t i = 0; i < count; i++) {
+    for (uint64_t i = 0; file && i < count; i++) {
+        // the file's bytes as one frame, a one-frame message (answerable on dealer and req)
+        s.answerable++;
+        send_parts(&s, &fbytes, 1);
+        drain_replies(&s, type == ZMQ_REQ ? 100 : 0);
+    }
+    for (uint64_t i = 0; !file && i < count; i++) {
         buf_t parts[4] = {{0}};
         int n_parts = 1;
         kind_t k;
@@ -940,6 +972,8 @@ int main(int argc, char **argv) {
     zmq_ctx_term(ctx);
 
     printf("sent %" PRIu64 " of %" PRIu64 " frames to %s (%s, seed %" PRIu64 "):", s.sent, count, endpoint, type_s, seed);
+    if (file) printf(" file %s (%zu bytes)", file, fbytes.n);
+    buf_free(&fbytes);
     for (int k = 0; k < K_N; k++)
         if (by_kind[k]) printf(" %s %" PRIu64, kind_name[k], by_kind[k]);
     printf("; failed %" PRIu64, s.failed);

@@ -10,7 +10,7 @@
 //   adapter:{id}:{ver}  string: version ver of the job's adapter (the trainer keeps the latest few)
 //   optim:{id}          string: the job's optimiser state
 //   metrics:{id}        stream: the job's steps and evals (field-value entries), bounded
-//   tenant:{name}       hash: the tenant's record (quota)
+//   tenant:{name}       hash: the tenant's record (quota; optional: the trainer's fair-share weight)
 //   tenants             set: every tenant name
 //   tenants:seq         counter: tenants created
 //   tokens              hash: token hash -> tenant name
@@ -52,7 +52,7 @@
 #define TENANT_TOKEN_HASH "token_hash"
 #define TENANT_QUOTA "quota"
 #define TENANT_CREATED "created"
-#define TENANT_WEIGHT "weight"              // fair-share weight against other tenants (default 1)
+#define TENANT_WEIGHT "weight"              // fair-share weight against other tenants, (0, 100] (default 1): scheduler and trainer
 #define TENANT_MAX_GROUPS "max_groups"      // groups its jobs may hold in flight together (default below)
 #define TENANT_MAX_DATA "max_data_bytes"    // dataset bytes of its queued and running jobs together
 #define TENANT_DEFAULT_MAX_GROUPS 1024

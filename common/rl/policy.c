@@ -1,6 +1,7 @@
 // policy.c - the scheduler's decisions (see policy.h for the semantics they keep).
 #include "common/rl/policy.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,125 @@ bool policy_stale(uint32_t current, uint32_t sampled, int staleness) {
     // a version the trainer has not published yet is no version of this job (a forged or
     // corrupted batch): never trained, and no wrap-around makes it look fresh
     return sampled > current || (int64_t)current - (int64_t)sampled > staleness;
+}
+
+// --- training passes ---------------------------------------------------------------------------
+
+static double weight_of(double w) { return w > 0 ? w : 1.0; }
+
+int policy_train_pick(const policy_tjob_t *jobs, int n, const policy_ttenant_t *tenants, int n_tenants,
+                      double budget, int max, int *picked) {
+    if (n < 1 || n_tenants < 1 || max < 1) return 0;
+    // per tenant: tentative time, ready jobs not yet taken, whether it has an active job
+    double *tv = xmalloc(sizeof(double) * (size_t)n_tenants);
+    int *left = xcalloc((size_t)n_tenants, sizeof(int));
+    bool *taken = xcalloc((size_t)n, sizeof(bool)), *active = xcalloc((size_t)n_tenants, sizeof(bool));
+    for (int t = 0; t < n_tenants; t++) tv[t] = tenants[t].vtime;
+    for (int i = 0; i < n; i++) {
+        if (!jobs[i].present) continue;
+        ASSERT(jobs[i].tenant >= 0 && jobs[i].tenant < n_tenants);
+        left[jobs[i].tenant] += jobs[i].ready;
+        active[jobs[i].tenant] |= jobs[i].ready || jobs[i].active;
+    }
+    int np = 0;
+    double rows = 0;
+    while (np < max) {
+        int best = -1;
+        double emin = 0;
+        bool exhausted = false;
+        for (int t = 0; t < n_tenants; t++) {
+            if (left[t] > 0 && (best < 0 || tv[t] < tv[best])) best = t;
+            if (active[t] && left[t] == 0 && (!exhausted || tv[t] < emin)) emin = tv[t], exhausted = true;
+        }
+        if (best < 0) break;
+        // more of this tenant would go beyond an active tenant that has nothing (more) to add
+        // (reached within rounding: three charges of rows / 3 reach rows)
+        if (np > 0 && exhausted && tv[best] >= emin - 1e-9 * fabs(emin)) break;
+        int k = -1;
+        for (int i = 0; i < n; i++)
+            if (jobs[i].present && jobs[i].ready && !taken[i] && jobs[i].tenant == best &&
+                (k < 0 || jobs[i].vtime < jobs[k].vtime))
+                k = i;
+        ASSERT(k >= 0);
+        if (np > 0 && rows + jobs[k].rows > budget) break;
+        taken[k] = true;
+        picked[np++] = k;
+        rows += jobs[k].rows;
+        left[best]--;
+        tv[best] += jobs[k].rows / weight_of(tenants[best].weight);
+    }
+    free(tv), free(left), free(taken), free(active);
+    return np;
+}
+
+void policy_train_charge(policy_tjob_t *jobs, int n, policy_ttenant_t *tenants, int n_tenants, const int *picked,
+                         int n_picked) {
+    bool *taken = xcalloc((size_t)(n > 0 ? n : 1), sizeof(bool));
+    for (int p = 0; p < n_picked; p++) {
+        policy_tjob_t *j = &jobs[picked[p]];
+        ASSERT(picked[p] >= 0 && picked[p] < n && j->tenant >= 0 && j->tenant < n_tenants);
+        taken[picked[p]] = true;
+        j->vtime += j->rows / weight_of(j->weight);
+        tenants[j->tenant].vtime += j->rows / weight_of(tenants[j->tenant].weight);
+    }
+    // tenants: with ready jobs (in play), with ready jobs left out (waiting), with jobs at all
+    uint8_t *st = xcalloc((size_t)n_tenants, 1);
+    enum { PRESENT = 1, IN_PLAY = 2, WAITING = 4 };
+    for (int i = 0; i < n; i++) {
+        if (!jobs[i].present) continue;
+        uint8_t *s = &st[jobs[i].tenant];
+        *s |= PRESENT;
+        if (jobs[i].ready) *s |= IN_PLAY | (taken[i] ? 0 : WAITING);
+    }
+    double ref = 0;
+    bool waiting = false, in_play = false;
+    for (int t = 0; t < n_tenants; t++) {
+        if ((st[t] & WAITING) && (!waiting || tenants[t].vtime < ref)) ref = tenants[t].vtime, waiting = true;
+        in_play |= (st[t] & IN_PLAY) != 0;
+    }
+    if (!waiting && in_play)
+        for (int t = 0; t < n_tenants; t++)
+            if ((st[t] & IN_PLAY) && tenants[t].vtime > ref) ref = tenants[t].vtime;
+    for (int t = 0; t < n_tenants && in_play; t++)
+        // while some wait, only tenants without a ready job are lifted; when none waits, all
+        if ((st[t] & PRESENT) && (waiting ? !(st[t] & IN_PLAY) : true) && tenants[t].vtime < ref) tenants[t].vtime = ref;
+    // the jobs of each tenant, the same way
+    for (int t = 0; t < n_tenants; t++) {
+        if (!(st[t] & PRESENT)) continue;
+        double jref = 0;
+        bool jwait = false, jplay = false;
+        for (int i = 0; i < n; i++) {
+            if (!jobs[i].present || jobs[i].tenant != t || !jobs[i].ready) continue;
+            jplay = true;
+            if (!taken[i] && (!jwait || jobs[i].vtime < jref)) jref = jobs[i].vtime, jwait = true;
+        }
+        if (!jplay) continue;
+        if (!jwait)
+            for (int i = 0; i < n; i++)
+                if (jobs[i].present && jobs[i].tenant == t && jobs[i].ready && jobs[i].vtime > jref) jref = jobs[i].vtime;
+        for (int i = 0; i < n; i++)
+            if (jobs[i].present && jobs[i].tenant == t && (jwait ? !jobs[i].ready : true) && jobs[i].vtime < jref)
+                jobs[i].vtime = jref;
+    }
+    free(st), free(taken);
+}
+
+double policy_train_tenant_start(const policy_tjob_t *jobs, int n, const policy_ttenant_t *tenants, int n_tenants) {
+    double vmin = 0;
+    bool any = false;
+    for (int i = 0; i < n; i++)
+        if (jobs[i].present && jobs[i].tenant >= 0 && jobs[i].tenant < n_tenants &&
+            (!any || tenants[jobs[i].tenant].vtime < vmin))
+            vmin = tenants[jobs[i].tenant].vtime, any = true;
+    return vmin;
+}
+
+double policy_train_job_start(const policy_tjob_t *jobs, int n, int tenant) {
+    double vmin = 0;
+    bool any = false;
+    for (int i = 0; i < n; i++)
+        if (jobs[i].present && jobs[i].tenant == tenant && (!any || jobs[i].vtime < vmin)) vmin = jobs[i].vtime, any = true;
+    return vmin;
 }
 
 // --- leases -----------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 // `now` (seconds, util_now's clock): which job gets the next rollout task, how many groups a job
 // may have in flight, when a lease has run out and what is issued again, which reports are
 // applied. services/scheduler/sched.c holds the state (Redis, sockets, the clock) and asks these;
-// the trainer's staleness filter is policy_stale.
+// the trainer's staleness filter is policy_stale and its choice of the jobs of a training pass
+// policy_train_pick (below, "Training passes").
 //
 // Fair share. Every job has a virtual time: groups issued to it divided by its weight (jobspec
 // `weight`, (0, 100], default 1), at two levels: tenants first, then the jobs of a tenant. The
@@ -98,6 +99,70 @@ bool policy_admit(sched_policy_t p, int running);
 // A group sampled with adapter version `sampled` may not train version `current`: more than
 // `staleness` versions old, or newer than `current` (never published, so never sampled).
 bool policy_stale(uint32_t current, uint32_t sampled, int staleness);
+
+// --- training passes (the trainer's fair share) -----------------------------------------------
+//
+// Which of the trainer's ready jobs (a full batch buffered) step in its next pass, fair per
+// tenant first, then per job within its tenant, with weights at both levels: the job's jobspec
+// `weight`, the `weight` field of the tenant's hash tenant:{id} (default 1). Every tenant and
+// every job has a virtual time: rows trained / weight. The scheduler's fair share orders
+// generation; this one orders training, which decides the step rates when the trainer is the
+// bottleneck.
+//
+// A pass takes jobs one at a time: of the tenants with a ready job not yet taken, the one with
+// the smallest virtual time counting the jobs it already has in this pass (its tentative time),
+// and of that tenant's ready jobs the one with the smallest virtual time; ties to the earlier in
+// the arrays. The pass stops when
+//   - the next job would take it over `budget` rows or `max` jobs (a pass holds at least one);
+//   - the tenant next in line has reached the tentative time of an active tenant (one with a job
+//     that is ready, or has data buffered or arriving) whose ready jobs are all in the pass, or
+//     that has none ready yet: that tenant cannot take more now, so more of the other's jobs
+//     would go beyond its weighted share. One job of tenant B beside eight of A steps in every
+//     pass with one of A's (half the steps each, not 1/9); A at weight 2 takes two per B's one;
+//     B at weight 2 steps alone in every other pass (two thirds of the steps); while B's job
+//     waits for its next batch, A's jobs step one per pass.
+// With one active tenant every ready job steps within the budget.
+//
+// After the pass (policy_train_charge) the jobs taken and their tenants are charged rows /
+// weight, and nothing banks credit: while some tenant has ready jobs left out of the pass, a
+// tenant without any ready job is lifted to the smallest virtual time of those left out (it
+// neither bursts when its jobs are ready again nor holds the others back); when every ready job
+// stepped, nobody waited and every tenant is lifted to the largest time of those that stepped.
+// Jobs within their tenant likewise. A tenant or job that joins starts at the smallest virtual
+// time present (policy_train_tenant_start, policy_train_job_start).
+
+// A job held by the trainer, as the pass decision reads it (an entry with present = false is an
+// empty slot and is ignored).
+typedef struct {
+    bool present;            // a job is held in this entry
+    bool ready;              // it may step now: a full batch buffered, not finished
+    bool active;             // it may step soon: ready, or data buffered or arriving (ready
+                             // implies active)
+    int tenant;              // its tenant's index in the tenants array
+    double weight;           // jobspec weight, > 0 (anything else counts as 1)
+    double rows;             // rows its step computes (ready jobs)
+    double vtime;            // rows trained / weight
+} policy_tjob_t;
+
+typedef struct {
+    double weight;           // tenant weight, > 0 (anything else counts as 1)
+    double vtime;            // rows its jobs trained / weight
+} policy_ttenant_t;
+
+// Fills picked[] with the indices of the jobs of the next pass, in the order taken; returns how
+// many (0 when no job is ready or max < 1). Tenants are the indices the jobs name.
+int policy_train_pick(const policy_tjob_t *jobs, int n, const policy_ttenant_t *tenants, int n_tenants,
+                      double budget, int max, int *picked);
+// Charges the jobs of a pass (picked[n_picked], as policy_train_pick gave them) and their
+// tenants, then lifts those that could not have used more (see above).
+void policy_train_charge(policy_tjob_t *jobs, int n, policy_ttenant_t *tenants, int n_tenants, const int *picked,
+                         int n_picked);
+// Virtual time of a tenant whose first job joins: the smallest of the tenants with a present
+// job, 0 when none.
+double policy_train_tenant_start(const policy_tjob_t *jobs, int n, const policy_ttenant_t *tenants, int n_tenants);
+// Virtual time of a job that joins `tenant`: the smallest of that tenant's present jobs, 0 when
+// none.
+double policy_train_job_start(const policy_tjob_t *jobs, int n, int tenant);
 
 // --- leases -----------------------------------------------------------------------------------
 

@@ -1,8 +1,11 @@
-// jobs.c - per-job buffers, staleness filter, mixed-adapter RL steps (common/rl/batch.h), publication of adapter
-// versions, optimizer checkpoints and step metrics.
+// jobs.c - per-job buffers, checks of what a scored batch holds, staleness filter, the tenant-fair
+// choice of the jobs of a pass (common/rl/policy.h), mixed-adapter RL steps (common/rl/batch.h)
+// with each job contained, publication of adapter versions, optimizer checkpoints and step
+// metrics.
 #include "services/trainer/jobs.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +17,16 @@
 #include "common/rl/policy.h"
 
 #define SEEN_TASKS 4096
+// A job whose scored batches are refused this many times in a row (none accepted in between)
+// fails: its producer is broken or hostile, and its data will not get better.
+#define BAD_RUN 8
+// A job that got a training batch this recently is active (policy_tjob_t.active): its tenant's
+// share of a pass is kept for it while its next batch is on its way.
+#define ACTIVE_S 10.0
+// A tenant's weight is read again from Redis when it is older than this.
+#define TENANT_WEIGHT_S 10.0
+// A behaviour log-prob above 0 by more than this is none (rounding leaves about 1e-7).
+#define LOGP_TOL 1e-3f
 
 typedef struct {
     uint32_t version;            // adapter version the samples were drawn with
@@ -38,7 +51,19 @@ typedef struct {
     int n_seen;
     uint32_t dropped;            // stale groups dropped since the last step
     double last_used;
+    double last_batch;           // when the last training batch was accepted (util_now)
+    int tenant;                  // its entry in tjobs_t.ten
+    int bad_run;                 // batches refused in a row (check_batch)
+    char fail_why[ERR_LEN];      // set when the job must fail (its data kept being invalid): the
+                                 // next tjobs_step fails and reports it
 } tjob_t;
+
+// A tenant with at least one job held (refs); the entry is free again when its last job goes.
+typedef struct {
+    char name[PROTO_MAX_ID];     // the tenant's id: job hash field `tenant` ("" when absent)
+    int refs;                    // jobs held
+    double weight_read;          // when its weight was read from Redis (util_now)
+} ttenant_t;
 
 struct tjobs {
     engine_t *e;
@@ -47,6 +72,12 @@ struct tjobs {
     tjobs_cfg_t cfg;
     tjob_t **jobs;               // (max_jobs) indexed by slot; NULL = free
     tjob_t **ready;              // (max_jobs) the jobs a step trains
+    // fair share of the passes (policy_train_pick): per slot, per tenant entry (a held job holds
+    // one entry, so max_jobs bound them), the jobs of the next pass
+    policy_tjob_t *fs;           // (max_jobs) indexed like jobs
+    policy_ttenant_t *ten;       // (max_jobs) virtual times and weights of the tenant entries
+    ttenant_t *tinfo;            // (max_jobs) their names and references
+    int *picked;                 // (max_jobs)
     double busy;
     char broken[ERR_LEN];        // the data-parallel group failed (tjobs_broken)
 };
@@ -70,9 +101,43 @@ static void group_free(tgroup_t *g) {
     memset(g, 0, sizeof *g);
 }
 
+// The tenant entry of tenant id `name`, taken for one more job: the one in use, else a free one that starts
+// at the smallest virtual time present (policy_train_tenant_start) with its weight read from Redis.
+// A held job holds an entry, so one is free for the job being loaded into a free slot.
+static double tenant_weight(tjobs_t *t, const char *name, bool loud);
+
+static int tenant_take(tjobs_t *t, const char *name) {
+    int free_at = -1;
+    for (int i = 0; i < t->cfg.max_jobs; i++) {
+        if (t->tinfo[i].refs > 0 && !strcmp(t->tinfo[i].name, name)) {
+            t->tinfo[i].refs++;
+            return i;
+        }
+        if (t->tinfo[i].refs == 0 && free_at < 0) free_at = i;
+    }
+    ASSERT(free_at >= 0);
+    ttenant_t *e = &t->tinfo[free_at];
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->refs = 1;
+    e->weight_read = util_now();
+    t->ten[free_at] = (policy_ttenant_t){.weight = tenant_weight(t, name, true),
+                                         .vtime = policy_train_tenant_start(t->fs, t->cfg.max_jobs, t->ten,
+                                                                            t->cfg.max_jobs)};
+    return free_at;
+}
+
+static void tenant_drop(tjobs_t *t, int i) {
+    if (--t->tinfo[i].refs > 0) return;
+    memset(&t->tinfo[i], 0, sizeof t->tinfo[i]);
+    t->ten[i] = (policy_ttenant_t){0};
+}
+
 static void job_free(tjobs_t *t, tjob_t **pj) {
     tjob_t *j = *pj;
     if (!j) return;
+    // its fair-share entry and its tenant's reference go with it
+    if (t->fs[j->slot].present) tenant_drop(t, j->tenant);
+    t->fs[j->slot] = (policy_tjob_t){0};
     for (int i = 0; i < j->n_buf; i++) group_free(&j->buf[i]);
     free(j->buf);
     optim_destroy(&j->opt);
@@ -102,6 +167,10 @@ tjobs_t *tjobs_new(engine_t *e, store_t *st, const tjobs_cfg_t *cfg, char *err) 
     if (t->cfg.optim_every < 1) t->cfg.optim_every = 1;
     t->jobs = xcalloc((size_t)cfg->max_jobs, sizeof(tjob_t *));
     t->ready = xcalloc((size_t)cfg->max_jobs, sizeof(tjob_t *));
+    t->fs = xcalloc((size_t)cfg->max_jobs, sizeof *t->fs);
+    t->ten = xcalloc((size_t)cfg->max_jobs, sizeof *t->ten);
+    t->tinfo = xcalloc((size_t)cfg->max_jobs, sizeof *t->tinfo);
+    t->picked = xcalloc((size_t)cfg->max_jobs, sizeof *t->picked);
     return t;
 }
 
@@ -111,6 +180,10 @@ void tjobs_destroy(tjobs_t **pt) {
     for (int i = 0; i < t->cfg.max_jobs; i++) job_free(t, &t->jobs[i]);
     free(t->jobs);
     free(t->ready);
+    free(t->fs);
+    free(t->ten);
+    free(t->tinfo);
+    free(t->picked);
     free(t);
     *pt = NULL;
 }
@@ -145,6 +218,20 @@ static int job_finished(tjobs_t *t, const char *id) {
     return fin;
 }
 
+// The fair-share weight of a tenant: field `weight` of tenant:{id}, a number in (0, 100];
+// absent, unreadable or out of range: 1 (said once when loud). Jobs without a tenant: 1.
+static double tenant_weight(tjobs_t *t, const char *name, bool loud) {
+    if (!name[0]) return 1.0;
+    char key[256], err[ERR_LEN], *v = NULL, *end = NULL;
+    key_tenant(t->st, key, sizeof key, name);
+    if (store_hget(t->st, key, TENANT_WEIGHT, &v, NULL, err) != 0) return 1.0;
+    double w = strtod(v, &end);
+    bool ok = end != v && !*end && isfinite(w) && w > 0 && w <= 100;
+    if (!ok && loud) log_warn("tenant %s: weight '%.40s' is not a number in (0, 100]; the trainer uses 1", name, v);
+    free(v);
+    return ok ? w : 1.0;
+}
+
 // Loads a job from Redis: spec, latest adapter version (parameters), optimizer state.
 static tjob_t *load(tjobs_t *t, const char *id, char *err) {
     int slot = -1;
@@ -166,7 +253,7 @@ static tjob_t *load(tjobs_t *t, const char *id, char *err) {
         err_set(err, "trainer holds %d jobs with pending data; raise --set max_jobs", t->cfg.max_jobs);
         return NULL;
     }
-    char key[256], *spec = NULL, *ver = NULL, *step = NULL;
+    char key[256], *spec = NULL, *ver = NULL, *step = NULL, *tenant = NULL;
     key_job(t->st, key, sizeof key, id);
     if (store_hget(t->st, key, JOB_SPEC, &spec, NULL, err) != 0) {
         if (!err[0]) err_set(err, "job %s not found in Redis", id);
@@ -178,6 +265,7 @@ static tjob_t *load(tjobs_t *t, const char *id, char *err) {
     if (jobspec_parse(&j->spec, spec, err)) goto fail;
     if (store_hget(t->st, key, JOB_VERSION, &ver, NULL, err) < 0) goto fail;
     if (store_hget(t->st, key, JOB_STEP, &step, NULL, err) < 0) goto fail;
+    if (store_hget(t->st, key, JOB_TENANT, &tenant, NULL, err) < 0) goto fail;
     j->version = ver ? (uint32_t)strtoul(ver, NULL, 10) : 0;
     j->step = step ? (uint32_t)strtoul(step, NULL, 10) : 0;
     uint8_t *blob = NULL;
@@ -213,16 +301,93 @@ static tjob_t *load(tjobs_t *t, const char *id, char *err) {
     int drc = t->cfg.dp ? (t->broken[0] ? DP_BROKEN : dp_load(t->cfg.dp, slot, j->opt, err)) : 0;
     if (drc == DP_BROKEN) set_broken(t, t->broken[0] ? t->broken : err);
     if (drc) goto fail;
-    free(spec), free(ver), free(step);
+    // its tenant, then its place in its tenant's fair share: from the smallest time there
+    j->tenant = tenant_take(t, tenant ? tenant : "");
+    t->fs[slot] = (policy_tjob_t){.present = true, .tenant = j->tenant, .weight = j->spec.weight,
+                                  .vtime = policy_train_job_start(t->fs, t->cfg.max_jobs, j->tenant)};
+    free(spec), free(ver), free(step), free(tenant);
     t->jobs[slot] = j;
     return j;
 fail:
-    free(spec), free(ver), free(step);
+    free(spec), free(ver), free(step), free(tenant);
     lora_pool_clear(engine_pool(t->e), slot);
     optim_destroy(&j->opt);
     t->k->free(j->grad);
     free(j);
     return NULL;
+}
+
+// --- what a scored batch may hold ----------------------------------------------------------------
+
+// Refuses a batch naming where: "invalid data: job J task T group G sample S: what" (g, s < 0:
+// not about one group / sample).
+static int refuse(char *err, const proto_batch_t *m, int g, int s, const char *fmt, ...) {
+    char what[ERR_LEN], at[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    int n = snprintf(at, sizeof at, "job %s task %llu", m->job, (unsigned long long)m->task_id);
+    if (g >= 0 && n < (int)sizeof at) n += snprintf(at + n, sizeof at - (size_t)n, " group %d", g);
+    if (s >= 0 && n < (int)sizeof at) snprintf(at + n, sizeof at - (size_t)n, " sample %d", s);
+    return err_set(err, "invalid data: %s: %s", at, what);
+}
+
+// The checks a training batch passes before it joins the job's buffer, so that whatever reaches
+// a shared pass is data the engine takes: only a broken or hostile producer (a rollout or
+// verifier that is not ours) sends anything else. Groups at most as many as the job may have in
+// flight, each of the job's group size; prompt and completion tokens in the vocabulary, both
+// non-empty (the generator refuses an empty prompt and always yields one token), together within
+// the model's context; behaviour log-probs finite and <= 0; rewards in [0, 1] (the verifier
+// clips them); environment marks 0 or 1, none in a single-turn job, an episode's first token the
+// model's, turns within the job's max_turns.
+static int check_batch(const tjobs_t *t, const tjob_t *j, const proto_batch_t *m, char *err) {
+    const model_t *md = engine_model(t->e);
+    int V = md->cfg.vocab_size, ctx = md->n_pos;
+    int max_groups = (j->spec.staleness + 1) * j->spec.prompts, max_turns = j->spec.max_turns > 1 ? j->spec.max_turns : 1;
+    if (m->n_groups > (uint32_t)max_groups)
+        return refuse(err, m, -1, -1, "%u groups, more than the job may have in flight ((staleness + 1) x prompts = %d)",
+                      m->n_groups, max_groups);
+    for (uint32_t g = 0; g < m->n_groups; g++) {
+        const proto_group_t *pg = &m->groups[g];
+        if (pg->n_samples != (uint32_t)j->spec.group)
+            return refuse(err, m, (int)g, -1, "%u samples, the job's group size is %d", pg->n_samples, j->spec.group);
+        if (pg->n_prompt < 1) return refuse(err, m, (int)g, -1, "the prompt (p) is empty");
+        for (uint32_t q = 0; q < pg->n_prompt; q++)
+            if (pg->prompt[q] < 0 || pg->prompt[q] >= V)
+                return refuse(err, m, (int)g, -1, "prompt token p[%u] = %d is outside the vocabulary (0..%d)", q,
+                              pg->prompt[q], V - 1);
+        for (uint32_t k = 0; k < pg->n_samples; k++) {
+            const proto_sample_t *ps = &pg->samples[k];
+            int gi = (int)g, si = (int)k;
+            if (ps->n < 1) return refuse(err, m, gi, si, "the completion (tok) is empty");
+            if ((uint64_t)pg->n_prompt + ps->n > (uint64_t)ctx)
+                return refuse(err, m, gi, si, "prompt (%u) and completion (%u) tokens exceed the model's context (%d)",
+                              pg->n_prompt, ps->n, ctx);
+            if (!ps->logprobs) return refuse(err, m, gi, si, "the log-probs (lp) are missing");
+            for (uint32_t q = 0; q < ps->n; q++) {
+                if (ps->tokens[q] < 0 || ps->tokens[q] >= V)
+                    return refuse(err, m, gi, si, "completion token tok[%u] = %d is outside the vocabulary (0..%d)", q,
+                                  ps->tokens[q], V - 1);
+                if (!isfinite(ps->logprobs[q]) || ps->logprobs[q] > LOGP_TOL)
+                    return refuse(err, m, gi, si, "log-prob lp[%u] = %g is no log-probability (finite, <= 0)", q,
+                                  (double)ps->logprobs[q]);
+            }
+            if (!isfinite(ps->reward) || ps->reward < 0.0f || ps->reward > 1.0f)
+                return refuse(err, m, gi, si, "reward r = %g is outside [0, 1]", (double)ps->reward);
+            if (ps->turns > (uint32_t)max_turns)
+                return refuse(err, m, gi, si, "%u turns, the job allows %d (max_turns)", ps->turns, max_turns);
+            for (uint32_t q = 0; ps->env && q < ps->n; q++) {
+                if (ps->env[q] > 1) return refuse(err, m, gi, si, "env[%u] = %u, not 0 or 1", q, ps->env[q]);
+                if (ps->env[q] && max_turns == 1)
+                    return refuse(err, m, gi, si, "env[%u] marks an environment token in a single-turn job", q);
+                if (ps->env[q] && q == 0)
+                    return refuse(err, m, gi, si, "env[0] marks the first token the environment's (a turn of the model "
+                                  "comes first)");
+            }
+        }
+    }
+    return 0;
 }
 
 int tjobs_add(tjobs_t *t, proto_batch_t *m, char *err) {
@@ -235,6 +400,10 @@ int tjobs_add(tjobs_t *t, proto_batch_t *m, char *err) {
         j = load(t, m->job, err);
         if (!j) return -1;
     }
+    if (j->fail_why[0]) {   // fails at the next step: nothing more is taken
+        proto_batch_free(m);
+        return 1;
+    }
     for (int i = 0; i < j->n_seen && i < SEEN_TASKS; i++)
         if (j->seen[i] == m->task_id) {
             logj_debug(j->id, "task %llu delivered twice; ignored", (unsigned long long)m->task_id);
@@ -246,11 +415,25 @@ int tjobs_add(tjobs_t *t, proto_batch_t *m, char *err) {
                 j->version);
         return -1;
     }
-    j->seen[j->n_seen++ % SEEN_TASKS] = m->task_id;
     if (m->kind != PROTO_KIND_TRAIN) {
+        j->seen[j->n_seen++ % SEEN_TASKS] = m->task_id;
         proto_batch_free(m);
         return 1;
     }
+    // refused data is not recorded as seen: the same task's correct delivery still trains
+    if (check_batch(t, j, m, err)) {
+        if (++j->bad_run >= BAD_RUN) {
+            snprintf(j->fail_why, sizeof j->fail_why, "%d scored batches in a row held invalid data, the last: %.180s",
+                     j->bad_run, err);
+            char e2[ERR_LEN];
+            snprintf(e2, sizeof e2, "%s", err);
+            err_set(err, "%.200s; the job fails (%d in a row)", e2, j->bad_run);
+        }
+        return TJOBS_INVALID;
+    }
+    j->bad_run = 0;
+    j->last_batch = util_now();
+    j->seen[j->n_seen++ % SEEN_TASKS] = m->task_id;
     for (uint32_t g = 0; g < m->n_groups; g++) {
         if (j->n_buf == j->cap_buf) {
             j->cap_buf = j->cap_buf ? 2 * j->cap_buf : 64;
@@ -332,15 +515,43 @@ static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int 
     return 0;
 }
 
+// Fails the job (status and error in Redis) and frees it; r is its result.
 static void fail_job(tjobs_t *t, tjob_t *j, const char *why, tjobs_result_t *r) {
     char key[256], err[ERR_LEN];
-    key_job(t->st, key, sizeof key, j->id);
-    const char *f[2] = {JOB_STATUS, JOB_ERROR}, *v[2] = {"failed", why};
-    store_hset(t->st, key, 2, f, v, err);
-    logj_error(j->id, "job failed: %s", why);
+    memset(r, 0, sizeof *r);
+    snprintf(r->job, sizeof r->job, "%s", j->id);
     r->failed = true;
     snprintf(r->error, sizeof r->error, "%s", why);
+    key_job(t->st, key, sizeof key, j->id);
+    const char *f[2] = {JOB_STATUS, JOB_ERROR}, *v[2] = {"failed", r->error};
+    store_hset(t->st, key, 2, f, v, err);
+    logj_error(j->id, "job failed: %s", r->error);
     job_free(t, &t->jobs[j->slot]);
+}
+
+// Rows the job's step computes: its `prompts` oldest groups as rl_batch_add_job packs them (a
+// shared prompt once, then each sample's own rows).
+static double step_rows(const tjobs_t *t, const tjob_t *j) {
+    double rows = 0;
+    for (int g = 0; g < j->spec.prompts; g++) {
+        const tgroup_t *gr = &j->buf[g];
+        int P = (int)gr->n_prompt, prefix = t->cfg.shared_prefix && P >= 2 && gr->n_samples > 0 ? P - 1 : 0;
+        rows += prefix;
+        for (uint32_t k = 0; k < gr->n_samples; k++) rows += P + (int)gr->samples[k].n - prefix;
+    }
+    return rows;
+}
+
+// Re-reads the weights of the tenants in use once they are TENANT_WEIGHT_S old.
+static void refresh_weights(tjobs_t *t, double now) {
+    for (int i = 0; i < t->cfg.max_jobs; i++) {
+        ttenant_t *e = &t->tinfo[i];
+        if (e->refs == 0 || now - e->weight_read < TENANT_WEIGHT_S) continue;
+        double w = tenant_weight(t, e->name, false);
+        if (w != t->ten[i].weight) log_info("tenant %s: fair-share weight %g (was %g)", e->name, w, t->ten[i].weight);
+        t->ten[i].weight = w;
+        e->weight_read = now;
+    }
 }
 
 // Packs the `prompts` oldest groups of a ready job into the batch as one job.
@@ -417,10 +628,21 @@ static void finish(tjobs_t *t, tjob_t *j, const rl_batch_job_t *bj, const rl_ste
 }
 
 int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
-    int n_ready = 0, n_out = 0;
+    int n_out = 0, M = t->cfg.max_jobs;
     tjob_t **ready = t->ready;
-    for (int i = 0; i < t->cfg.max_jobs; i++) {
+    double now = util_now();
+    // a job whose own batches kept being invalid fails first (tjobs_add decided it)
+    for (int i = 0; i < M && n_out < max; i++)
+        if (t->jobs[i] && t->jobs[i]->fail_why[0]) {
+            char why[ERR_LEN];
+            snprintf(why, sizeof why, "%s", t->jobs[i]->fail_why);
+            fail_job(t, t->jobs[i], why, &res[n_out++]);
+        }
+    bool any = false;
+    for (int i = 0; i < M; i++) {
         tjob_t *j = t->jobs[i];
+        policy_tjob_t *f = &t->fs[i];
+        f->ready = f->active = false;
         if (!j) continue;
         drop_stale(j);
         if (j->step >= (uint32_t)j->spec.max_steps) {
@@ -429,28 +651,38 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
             j->n_buf = 0;
             continue;
         }
-        // a step reports every job it trains: at most max jobs (the others wait for the next)
-        if (j->n_buf >= j->spec.prompts && n_ready < max) ready[n_ready++] = j;
+        f->ready = !j->fail_why[0] && j->n_buf >= j->spec.prompts;
+        f->active = f->ready || j->n_buf > 0 || now - j->last_batch < ACTIVE_S;
+        if (f->ready) f->rows = step_rows(t, j), any = true;
     }
-    if (!n_ready || t->broken[0]) return 0;
+    if (!any || t->broken[0] || n_out >= max) return n_out;
+    // The jobs of this pass: fair per tenant, then per job (policy_train_pick), within pass_rows
+    // rows and the results left (a step reports every job it trains; the others wait for the
+    // next); charged now, so a job that fails below has still used its share. Trained in table
+    // order.
+    refresh_weights(t, now);
+    int n_ready = policy_train_pick(t->fs, M, t->ten, M, t->cfg.pass_rows, max - n_out, t->picked);
+    policy_train_charge(t->fs, M, t->ten, M, t->picked, n_ready);
+    for (int a = 1; a < n_ready; a++)
+        for (int c = a; c > 0 && t->picked[c - 1] > t->picked[c]; c--) {
+            int x = t->picked[c];
+            t->picked[c] = t->picked[c - 1], t->picked[c - 1] = x;
+        }
+    for (int r = 0; r < n_ready; r++) ready[r] = t->jobs[t->picked[r]];
     double t0 = util_now();
     // One mixed batch: for each ready job its B oldest groups (common/rl/batch.h); a job whose
     // groups cannot be packed fails alone.
     rl_batch_t b = {0};
-    char err[ERR_LEN];
+    char err[ERR_LEN] = "";
     int k = 0;
     for (int r = 0; r < n_ready; r++) {
-        if (pack(t, ready[r], &b, err)) {
-            tjobs_result_t *out = &res[n_out++];
-            memset(out, 0, sizeof *out);
-            snprintf(out->job, sizeof out->job, "%s", ready[r]->id);
-            fail_job(t, ready[r], err, out);
-        } else {
-            ready[k++] = ready[r];
-        }
+        if (pack(t, ready[r], &b, err)) fail_job(t, ready[r], err, &res[n_out++]);
+        else ready[k++] = ready[r];
     }
     n_ready = k;
     rl_step_job_t *sj = xcalloc((size_t)(n_ready ? n_ready : 1), sizeof *sj);
+    int *jrc = xcalloc((size_t)(n_ready ? n_ready : 1), sizeof *jrc);
+    char(*jerr)[ERR_LEN] = xcalloc((size_t)(n_ready ? n_ready : 1), sizeof *jerr);
     for (int r = 0; r < n_ready; r++) sj[r].opt = ready[r]->opt, sj[r].grad = ready[r]->grad;
     // Jobs may differ in temperature / clipping: one pass per distinct loss setting would be
     // exact; the loss settings of the first ready job apply to a shared pass only when all
@@ -466,6 +698,18 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
         loss_cfg_t lc = {.kind = LOSS_RL, .temperature = s0->temperature, .clip_low = s0->clip_low,
                          .clip_high = s0->clip_high, .kl_coef = s0->kl};
         int rc = rl_train_step(t->cfg.dp, t->e, &b, r0, r1, &lc, sj + r0, err);
+        for (int r = r0; r < r1; r++) jrc[r] = rc, snprintf(jerr[r], ERR_LEN, "%s", rc ? err : "");
+        if (rc && rc != DP_BROKEN && r1 - r0 > 1) {
+            // The engine refused the shared pass (data of one job it cannot take got past
+            // check_batch): each job again alone, so that only the job whose own pass is refused
+            // fails. A refused pass changed nothing: no optimiser stepped, and every pass zeroes
+            // its jobs' gradients first (dp_pass), so the others train as if it never ran.
+            log_warn("a training pass of %d jobs was refused (%s); each of them is trained alone", r1 - r0, err);
+            for (int r = r0; r < r1 && rc != DP_BROKEN; r++) {
+                jrc[r] = rl_train_step(t->cfg.dp, t->e, &b, r, r + 1, &lc, sj + r, jerr[r]);
+                if (jrc[r] == DP_BROKEN) rc = DP_BROKEN, snprintf(err, sizeof err, "%s", jerr[r]);
+            }
+        }
         if (rc == DP_BROKEN) {
             set_broken(t, err);
             break;
@@ -473,21 +717,22 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
         for (int r = r0; r < r1; r++) {
             tjob_t *j = ready[r];
             tjobs_result_t *out = &res[n_out++];
-            memset(out, 0, sizeof *out);
-            snprintf(out->job, sizeof out->job, "%s", j->id);
-            if (rc) {
-                fail_job(t, j, err, out);
+            char why[ERR_LEN];
+            if (jrc[r]) {
+                snprintf(why, sizeof why, "step %u: the training pass refused the job's data: %s", j->step + 1, jerr[r]);
+                fail_job(t, j, why, out);
             } else if (sj[r].failed) {
-                char why[ERR_LEN];
                 snprintf(why, sizeof why, "step %u: %s; lower the learning rate (spec.lr)", j->step + 1, sj[r].error);
                 fail_job(t, j, why, out);
             } else {
+                memset(out, 0, sizeof *out);
+                snprintf(out->job, sizeof out->job, "%s", j->id);
                 finish(t, j, &b.jobs[r], &sj[r], out);
             }
         }
         r0 = r1;
     }
-    free(sj);
+    free(sj), free(jrc), free(jerr);
     rl_batch_free(&b);
     t->busy += util_now() - t0;
     return n_out;

@@ -34,14 +34,27 @@ typedef struct {
                            // evictions and passes go to every rank (common/rl/dp.h)
 } tjobs_cfg_t;
 
+// tjobs_add's answer to a batch whose data no correct rollout and verifier produce.
+enum { TJOBS_INVALID = -2 };
+
 tjobs_t *tjobs_new(engine_t *e, store_t *st, const tjobs_cfg_t *cfg, char *err);
 void tjobs_destroy(tjobs_t **t);
 // Adds a scored batch (ownership of its arrays moves to the trainer; m is zeroed). Duplicate
-// task ids are ignored. Loads the job (spec, latest adapter, optimizer state) from Redis on
-// first sight. Returns 0, 1 when ignored (duplicate, finished job), -1 + err.
+// task ids are ignored. Loads the job (spec, latest adapter, optimizer state, tenant) from Redis
+// on first sight. A training batch is checked whole before any of it is buffered: token ids in
+// the model's vocabulary, prompt and completion non-empty and within its context, the job's
+// group size, finite log-probs <= 0, rewards in [0, 1], well-formed environment marks. Returns 0;
+// 1 when ignored (duplicate, eval batch, finished job); TJOBS_INVALID + err naming the job, task,
+// group, sample and field when the data is invalid (nothing of it kept; the caller counts it;
+// after 8 such batches of a job in a row, none accepted between, the next tjobs_step fails that
+// job); -1 + err for any other refusal (unknown job, a version never published, no free slot).
+// On a refusal m is the caller's to free.
 int tjobs_add(tjobs_t *t, proto_batch_t *m, char *err);
-// Trains every job with a full batch (one mixed-adapter pass) and publishes new versions.
-// Fills up to max results; returns how many.
+// Fails the jobs tjobs_add condemned, then trains one pass of ready jobs (a full batch
+// buffered): chosen fair per tenant, then per job (policy_train_pick: tenant weight from
+// tenant:{id} `weight`, job weight from its spec), at most pass_rows rows (at least one job)
+// and max jobs, and publishes their new versions. A pass the engine refuses is run again job by
+// job, so only a job whose own pass is refused fails. Fills up to max results; returns how many.
 int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max);
 // Jobs currently held.
 int tjobs_count(const tjobs_t *t);

@@ -22,7 +22,7 @@ struct trainer {
     svc_loop_t *loop;
     uint64_t steps;
     met_window_t step_win;
-    int m_steps, m_sps, m_jobs, m_groups, m_dropped, m_job_step, m_job_version, m_job_groups, m_job_failed;
+    int m_steps, m_sps, m_jobs, m_groups, m_dropped, m_job_step, m_job_version, m_job_groups, m_job_failed, m_job_invalid;
     bool tagged;             // a secured cluster: batches must carry their task's tag
     uint8_t tag_key[32];     // shared with the scheduler (bus_link_key)
 };
@@ -137,6 +137,9 @@ static void def_metrics(trainer_t *t) {
     t->m_job_groups = metrics_def_job(met, "marlaas_trainer_job_groups_total", MET_COUNTER, "Groups trained on, per job.");
     t->m_job_failed = metrics_def_job(met, "marlaas_trainer_job_failures_total", MET_COUNTER,
                                       "Steps that failed the job, per job.");
+    t->m_job_invalid = metrics_def_job(met, "marlaas_trainer_job_invalid_batches_total", MET_COUNTER,
+                                       "Scored batches refused for invalid data (tokens outside the vocabulary, "
+                                       "non-finite log-probs or rewards, wrong sizes), per job.");
 }
 
 trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, const dp_cfg_t *dc, char *err) {
@@ -195,7 +198,9 @@ trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, co
 // version from the future, ...) is refused with its job named: the scheduler's lease on those
 // groups runs out and it issues them again. On a secured cluster a batch must carry the tag the
 // scheduler gave its task (proto_task_tag): a holder of a rollout's or a verifier's key cannot
-// make up a task, a version or a job.
+// make up a task, a version or a job. One with invalid data (tjobs_add: only a broken or hostile
+// producer sends it) is also counted per job; it never reaches a pass, so it fails no other job,
+// and its own job only when its batches keep being invalid.
 static int on_batch(void *ctx, zframe_t *f, char *err) {
     trainer_t *t = ctx;
     proto_batch_t b;
@@ -207,7 +212,9 @@ static int on_batch(void *ctx, zframe_t *f, char *err) {
         proto_batch_free(&b);
         return 0;
     }
-    if (tjobs_add(t->jobs, &b, why) < 0) {
+    int rc = tjobs_add(t->jobs, &b, why);
+    if (rc < 0) {
+        if (rc == TJOBS_INVALID) metrics_add(t->s->met, t->m_job_invalid, b.job, 1);
         svc_reject(t->s, b.job, "batch not used: %s", why);
         proto_batch_free(&b);
     }

@@ -482,3 +482,191 @@ Test(policy, adapter_slots_lru) {
         t[got] = slot_of(job, 0, 0, 100 + round);
     }
 }
+
+// --- the trainer's training passes -----------------------------------------------------------
+
+// A trainer's table of jobs in simulated calls: job i of tenant tenant[i], weight w[i], rows per
+// step rows[i] (100 when rows is NULL).
+typedef struct {
+    policy_tjob_t j[16];
+    policy_ttenant_t t[4];
+    int n, nt;
+    long steps[16];
+} tsim_t;
+
+static void tsim_init(tsim_t *s, int n, const int *tenant, const double *w, const double *tw, int nt) {
+    memset(s, 0, sizeof *s);
+    s->n = n, s->nt = nt;
+    for (int t = 0; t < nt; t++) s->t[t] = (policy_ttenant_t){.weight = tw ? tw[t] : 1.0};
+    for (int i = 0; i < n; i++)
+        s->j[i] = (policy_tjob_t){.present = true, .ready = true, .active = true, .tenant = tenant[i],
+                                  .weight = w ? w[i] : 1.0, .rows = 100};
+}
+
+// One call: picks, checks the pass against the budget and max, charges; returns the jobs taken
+// (their indices in got, in the order taken) and counts their steps.
+static int tsim_call(tsim_t *s, double budget, int max, int *got) {
+    int np = policy_train_pick(s->j, s->n, s->t, s->nt, budget, max, got);
+    double rows = 0;
+    bool seen[16] = {false};
+    for (int p = 0; p < np; p++) {
+        cr_assert(got[p] >= 0 && got[p] < s->n && s->j[got[p]].present && s->j[got[p]].ready, "job %d taken", got[p]);
+        cr_assert(!seen[got[p]], "job %d taken twice in one pass", got[p]);
+        seen[got[p]] = true;
+        rows += s->j[got[p]].rows;
+        s->steps[got[p]]++;
+    }
+    cr_assert_leq(np, max);
+    if (np > 1) cr_assert_leq(rows, budget, "a pass of %d jobs holds %.0f rows, over the budget %.0f", np, rows, budget);
+    policy_train_charge(s->j, s->n, s->t, s->nt, got, np);
+    return np;
+}
+
+static long tsim_tenant_steps(const tsim_t *s, int t) {
+    long n = 0;
+    for (int i = 0; i < s->n; i++) n += s->j[i].tenant == t ? s->steps[i] : 0;
+    return n;
+}
+
+// Tenant B's one job beside eight of A, all always ready, the trainer the bottleneck: every pass
+// trains one of A's jobs and B's, so B gets half the steps (not 1/9) and A's jobs share A's half
+// evenly. Either tenant first in the table.
+Test(policy, train_passes_tenants_first) {
+    for (int order = 0; order < 2; order++) {
+        // order 1: B's job first in the table and B tenant 0
+        int tenant[9], a = order ? 1 : 0, b = order ? 0 : 1;
+        for (int i = 0; i < 9; i++) tenant[i] = i == (order ? 0 : 8) ? b : a;
+        tsim_t s;
+        tsim_init(&s, 9, tenant, NULL, NULL, 2);
+        int got[16];
+        for (int c = 0; c < 800; c++) {
+            int np = tsim_call(&s, 1e9, 64, got);
+            cr_assert_eq(np, 2, "order %d call %d: %d jobs in the pass", order, c, np);
+            cr_assert_neq(s.j[got[0]].tenant, s.j[got[1]].tenant, "call %d: both jobs of one tenant", c);
+        }
+        long sa = tsim_tenant_steps(&s, a), sb = tsim_tenant_steps(&s, b);
+        double share = (double)sb / (double)(sa + sb);
+        cr_assert_geq(share, 0.45, "B's one job got %.1f %% of the steps beside 8 jobs of A", 100 * share);
+        cr_assert_leq(share, 0.55, "B got %.1f %%", 100 * share);
+        for (int i = 0; i < 9; i++)
+            if (tenant[i] == a) cr_assert(labs(s.steps[i] - sa / 8) <= 1, "A's job %d: %ld steps of %ld", i, s.steps[i], sa);
+    }
+}
+
+// Tenant weights: A at 2 beside B at 1 takes two steps per B's one; B at 2 with its one job steps
+// alone every other pass (two thirds); four jobs each at 2:1 with a budget of three jobs a pass,
+// 2:1 too.
+Test(policy, train_passes_tenant_weights) {
+    int tenant[9];
+    for (int i = 0; i < 9; i++) tenant[i] = i < 8 ? 0 : 1;
+    const double heavy_a[2] = {2, 1}, heavy_b[2] = {1, 2};
+    const double *tw[2] = {heavy_a, heavy_b};
+    const double want[2] = {2.0, 0.5};   // A's steps / B's
+    for (int k = 0; k < 2; k++) {
+        tsim_t s;
+        tsim_init(&s, 9, tenant, NULL, tw[k], 2);
+        int got[16];
+        for (int c = 0; c < 900; c++) tsim_call(&s, 1e9, 64, got);
+        double ratio = (double)tsim_tenant_steps(&s, 0) / (double)tsim_tenant_steps(&s, 1);
+        cr_assert(fabs(ratio - want[k]) <= 0.05 * want[k], "weights %g:%g: A/B steps %.3f, want %.2f", tw[k][0], tw[k][1],
+                  ratio, want[k]);
+    }
+    int t8[8] = {0, 0, 0, 0, 1, 1, 1, 1};
+    tsim_t s;
+    tsim_init(&s, 8, t8, NULL, heavy_a, 2);
+    int got[16];
+    for (int c = 0; c < 900; c++) cr_assert_eq(tsim_call(&s, 300, 64, got), 3);
+    double ratio = (double)tsim_tenant_steps(&s, 0) / (double)tsim_tenant_steps(&s, 1);
+    cr_assert(fabs(ratio - 2.0) <= 0.05, "4 jobs each, weights 2:1, 3 jobs a pass: A/B steps %.3f", ratio);
+}
+
+// One tenant: every ready job steps in every call (as before tenants were counted), whatever is
+// ready; with a budget, at least one job and never over it, each job in turn.
+Test(policy, train_passes_one_tenant_steps_every_ready_job) {
+    int tenant[6] = {0, 0, 0, 0, 0, 0};
+    tsim_t s;
+    tsim_init(&s, 6, tenant, NULL, NULL, 1);
+    uint64_t seed = 7;
+    int got[16];
+    for (int c = 0; c < 500; c++) {
+        int want = 0;
+        for (int i = 0; i < 6; i++) {
+            s.j[i].ready = lcg(&seed) % 3 != 0;
+            s.j[i].active = true;
+            want += s.j[i].ready;
+        }
+        int np = tsim_call(&s, 1e9, 64, got);
+        cr_assert_eq(np, want, "call %d: %d of %d ready jobs stepped", c, np, want);
+    }
+    // a budget of 2.5 jobs: two a pass, round robin
+    tsim_init(&s, 6, tenant, NULL, NULL, 1);
+    for (int c = 0; c < 300; c++) cr_assert_eq(tsim_call(&s, 250, 64, got), 2);
+    for (int i = 0; i < 6; i++) cr_assert_eq(s.steps[i], 100, "job %d: %ld steps", i, s.steps[i]);
+    // a job larger than the budget steps alone; max caps the pass
+    s.j[0].rows = 1000;
+    s.j[0].vtime = -1;
+    cr_assert_eq(tsim_call(&s, 250, 64, got), 1);
+    cr_assert_eq(got[0], 0);
+    cr_assert_eq(tsim_call(&s, 1e9, 3, got), 3);
+    cr_assert_eq(policy_train_pick(s.j, 6, s.t, 1, 1e9, 0, got), 0);
+    for (int i = 0; i < 6; i++) s.j[i].ready = false;
+    cr_assert_eq(policy_train_pick(s.j, 6, s.t, 1, 1e9, 64, got), 0);
+}
+
+// Job weights within a tenant: A's jobs at 1, 2 and 3 beside B's one job (so A steps one job a
+// pass) step 1:2:3.
+Test(policy, train_passes_job_weights_within_a_tenant) {
+    int tenant[4] = {0, 0, 0, 1};
+    const double w[4] = {1, 2, 3, 1};
+    tsim_t s;
+    tsim_init(&s, 4, tenant, w, NULL, 2);
+    int got[16];
+    for (int c = 0; c < 1200; c++) cr_assert_eq(tsim_call(&s, 1e9, 64, got), 2);
+    for (int i = 0; i < 3; i++)
+        cr_assert(labs(s.steps[i] - 200 * (i + 1)) <= 2, "A's job of weight %g: %ld steps of 1200", w[i], s.steps[i]);
+    cr_assert_eq(s.steps[3], 1200);
+}
+
+// No banked credit: B, idle (nothing ready or arriving) while A trained, does not take every pass
+// when it comes back, and a tenant that joins late starts at the smallest time present. An active
+// tenant whose job waits for its next batch holds A to one job a pass; an idle one does not.
+Test(policy, train_passes_idle_tenants_bank_no_credit) {
+    int tenant[8] = {0, 0, 0, 0, 1, 1, 1, 1};
+    tsim_t s;
+    tsim_init(&s, 8, tenant, NULL, NULL, 2);
+    int got[16];
+    for (int i = 4; i < 8; i++) s.j[i].ready = s.j[i].active = false;
+    for (int c = 0; c < 500; c++) cr_assert_eq(tsim_call(&s, 200, 64, got), 2, "A alone: two jobs a pass (budget)");
+    for (int i = 4; i < 8; i++) s.j[i].ready = s.j[i].active = true;
+    long b0 = tsim_tenant_steps(&s, 1);
+    for (int c = 0; c < 20; c++) tsim_call(&s, 200, 64, got);
+    long b = tsim_tenant_steps(&s, 1) - b0;
+    cr_assert(b >= 19 && b <= 21, "B, back after 500 passes, got %ld of the next 40 steps", b);
+    // an active B whose job is not ready holds A to one job a pass; an idle B does not
+    for (int i = 4; i < 8; i++) s.j[i].ready = false;
+    cr_assert_eq(tsim_call(&s, 1e9, 64, got), 1);
+    for (int i = 4; i < 8; i++) s.j[i].active = false;
+    cr_assert_eq(tsim_call(&s, 1e9, 64, got), 4);
+    // a tenant and a job that join start at the smallest time present
+    double tmin = fmin(s.t[0].vtime, s.t[1].vtime);
+    cr_assert_float_eq(policy_train_tenant_start(s.j, 8, s.t, 2), tmin, 1e-9);
+    cr_assert_float_eq(policy_train_tenant_start(s.j, 0, s.t, 2), 0.0, 0);
+    double jmin = s.j[4].vtime;
+    for (int i = 5; i < 8; i++) jmin = fmin(jmin, s.j[i].vtime);
+    cr_assert_float_eq(policy_train_job_start(s.j, 8, 1), jmin, 1e-9);
+    cr_assert_float_eq(policy_train_job_start(s.j, 8, 2), 0.0, 0);
+    // C joins with two jobs beside A and B (all ready): a third of the steps from its first pass on
+    tsim_t u = s;
+    u.nt = 3, u.n = 10;
+    u.t[2] = (policy_ttenant_t){.weight = 1, .vtime = policy_train_tenant_start(s.j, 8, s.t, 2)};
+    for (int i = 0; i < 8; i++) u.j[i].ready = u.j[i].active = true;
+    for (int i = 8; i < 10; i++)
+        u.j[i] = (policy_tjob_t){.present = true, .ready = true, .active = true, .tenant = 2, .weight = 1, .rows = 100,
+                                 .vtime = policy_train_job_start(u.j, 8, 2)};
+    memset(u.steps, 0, sizeof u.steps);
+    for (int c = 0; c < 30; c++) tsim_call(&u, 300, 64, got);
+    for (int t = 0; t < 3; t++) {
+        long n = tsim_tenant_steps(&u, t);
+        cr_assert(n >= 28 && n <= 32, "tenant %d got %ld of 90 steps after C joined", t, n);
+    }
+}

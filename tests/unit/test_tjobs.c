@@ -241,8 +241,8 @@ static uint64_t scenario(bool shared_prefix, const char *prefix) {
     rig_t r;
     rig_open(&r, 4, prefix);
     job_put(&r, "fa", "{\"task\":\"add1\",\"prompts\":2,\"group\":3,\"lr\":0.01,\"rank\":2}", 2, 21);
-    job_put(&r, "fb", "{\"task\":\"add1\",\"prompts\":1,\"group\":4,\"lr\":0.02,\"rank\":3,\"std_norm\":false,"
-                      "\"staleness\":2}", 3, 22);
+    job_put(&r, "fb", "{\"task\":\"tcalc\",\"env\":{\"max_turns\":2},\"prompts\":1,\"group\":4,\"lr\":0.02,"
+                      "\"rank\":3,\"std_norm\":false,\"staleness\":2}", 3, 22);
     job_put(&r, "fc", "{\"task\":\"add1\",\"prompts\":2,\"group\":2,\"lr\":0.005,\"rank\":2,\"kl\":0.1,"
                       "\"temperature\":0.8,\"clip_low\":0.1,\"clip_high\":0.15}", 2, 23);
     char err[ERR_LEN];
@@ -375,6 +375,332 @@ Test(tjobs, future_adapter_version_refused) {
     tjobs_result_t res[2];
     cr_assert_eq(tjobs_step(t, res, 2), 1);
     cr_assert(!res[0].failed && res[0].version == 1, "%s", res[0].error);
+    tjobs_destroy(&t);
+    rig_close(&r);
+}
+
+// --- containment: one job's bad data fails no other job --------------------------------------
+
+// job_put, and the job's tenant (job hash field `tenant`).
+static void job_put_tenant(rig_t *r, const char *id, const char *spec, int rank, uint64_t seed, const char *tenant) {
+    char err[ERR_LEN], key[256];
+    job_put(r, id, spec, rank, seed);
+    store_key(r->st, key, sizeof key, "job:%s", id);
+    const char *f[1] = {"tenant"}, *v[1] = {tenant};
+    cr_assert_eq(store_hset(r->st, key, 1, f, v, err), 0, "%s", err);
+}
+
+static const char *job_status(rig_t *r, const char *id) {
+    static char st[32];
+    char key[256], err[ERR_LEN], *v = NULL;
+    store_key(r->st, key, sizeof key, "job:%s", id);
+    cr_assert_eq(store_hget(r->st, key, "status", &v, NULL, err), 0, "%s", err);
+    snprintf(st, sizeof st, "%s", v);
+    free(v);
+    return st;
+}
+
+// The ways a producer that is not ours spoils a batch of 1 group of 2 samples (batch_make with
+// prompts of 1 and staleness 1), and what the refusal must say.
+enum { SPOIL_N = 12 };
+static const struct {
+    const char *what, *says;
+    bool sample;   // the refusal names group 0 sample 1
+} spoils[SPOIL_N] = {
+    {"a completion token outside the vocabulary", "completion token tok[", true},
+    {"a prompt token outside the vocabulary", "prompt token p[0] = 41 is outside the vocabulary (0..40)", false},
+    {"a negative token", "completion token tok[0] = -1", true},
+    {"a NaN log-prob", "log-prob lp[0] = nan", true},
+    {"an infinite log-prob", "log-prob lp[0] = -inf", true},
+    {"a positive log-prob", "log-prob lp[0] = 0.5", true},
+    {"a NaN reward", "reward r = nan", true},
+    {"a reward above 1", "reward r = 2", true},
+    {"three samples in a group of two", "3 samples, the job's group size is 2", false},
+    {"an empty completion", "the completion (tok) is empty", true},
+    {"more tokens than the model's context", "exceed the model's context (128)", true},
+    {"an environment token in a single-turn job", "environment token in a single-turn job", true},
+};
+
+static void spoil(proto_batch_t *b, rng_t *rng, int kind, const char *job, uint64_t task, uint32_t version) {
+    batch_make(b, rng, job, task, version, 1, kind == 8 ? 3 : 2, false);
+    proto_sample_t *s = &b->groups[0].samples[1];
+    switch (kind) {
+    case 0: s->tokens[s->n - 1] = 41 + 1000; break;
+    case 1: b->groups[0].prompt[0] = 41; break;
+    case 2: s->tokens[0] = -1; break;
+    case 3: s->logprobs[0] = NAN; break;
+    case 4: s->logprobs[0] = -INFINITY; break;
+    case 5: s->logprobs[0] = 0.5f; break;
+    case 6: s->reward = NAN; break;
+    case 7: s->reward = 2.0f; break;
+    case 8: break;
+    case 9: s->n = 0; break;
+    case 10:
+        s->tokens = realloc(s->tokens, sizeof(int32_t) * 128);
+        s->logprobs = realloc(s->logprobs, sizeof(float) * 128);
+        for (uint32_t q = s->n; q < 128; q++) s->tokens[q] = 5, s->logprobs[q] = -1.0f;
+        s->n = 128;
+        break;
+    case 11:
+        s->env = calloc(s->n, 1);
+        s->env[s->n - 1] = 1;
+        break;
+    }
+}
+
+// Job ja (tenant A) gets a batch spoiled in each way a broken or hostile producer could spoil
+// it, beside good batches of its own and of jb (tenant B). Each bad batch is refused naming the
+// job, task, group, sample and field, is counted, and is not remembered as seen (the task's good
+// delivery trains); every step then trains and publishes both jobs. Eight bad batches of ja in a
+// row, no good one between, fail ja at the next step, and jb trains in that same step.
+Test(tjobs, invalid_batches_are_refused_and_fail_no_other_job) {
+    rig_t r;
+    rig_open(&r, 4, "bad:");
+    char err[ERR_LEN];
+    const char *spec = "{\"task\":\"add1\",\"prompts\":1,\"group\":2,\"lr\":0.01,\"rank\":1,\"staleness\":1}";
+    job_put_tenant(&r, "ja", spec, 1, 31, "A");
+    job_put_tenant(&r, "jb", spec, 1, 32, "B");
+    tjobs_cfg_t cfg = {.max_jobs = 4, .keep_versions = 2, .optim_every = 1, .pass_rows = 1 << 20, .shared_prefix = true};
+    tjobs_t *t = tjobs_new(r.e, r.st, &cfg, err);
+    cr_assert_not_null(t, "%s", err);
+    rng_t rng;
+    rng_seed(&rng, 77);
+    uint64_t task = 100;
+    for (int k = 0; k < SPOIL_N + 1; k++) {
+        uint32_t v = (uint32_t)k;
+        proto_batch_t b;
+        if (k < SPOIL_N) {
+            spoil(&b, &rng, k, "ja", task, v);
+            err[0] = 0;
+            cr_assert_eq(tjobs_add(t, &b, err), TJOBS_INVALID, "%s: not refused as invalid (%s)", spoils[k].what, err);
+            proto_batch_free(&b);
+            char where[96];
+            snprintf(where, sizeof where, "invalid data: job ja task %llu group 0%s", (unsigned long long)task,
+                     spoils[k].sample ? " sample 1: " : ": ");
+            cr_assert(strstr(err, where) && strstr(err, spoils[k].says), "%s: the refusal says '%s'", spoils[k].what, err);
+        } else {
+            // too many groups: more than (staleness + 1) x prompts
+            batch_make(&b, &rng, "ja", task, v, 3, 2, false);
+            cr_assert_eq(tjobs_add(t, &b, err), TJOBS_INVALID);
+            proto_batch_free(&b);
+            cr_assert(strstr(err, "3 groups, more than the job may have in flight"), "%s", err);
+        }
+        cr_assert_eq(tjobs_buffered(t), 0, "%s: something of the refused batch was kept", k < SPOIL_N ? spoils[k].what : "groups");
+        // the same task, delivered correctly, trains
+        add(&r, t, &rng, "ja", task++, v, 1, 2, false);
+        add(&r, t, &rng, "jb", task++, v, 1, 2, false);
+        tjobs_result_t res[4];
+        int n = tjobs_step(t, res, 4);
+        cr_assert_eq(n, 2, "after %s: %d results", k < SPOIL_N ? spoils[k].what : "groups", n);
+        for (int i = 0; i < n; i++)
+            cr_assert(!res[i].failed && res[i].version == v + 1, "after %s: %s failed or at version %u: %s",
+                      k < SPOIL_N ? spoils[k].what : "too many groups", res[i].job, res[i].version, res[i].error);
+    }
+    // eight in a row fail ja, and only ja
+    uint32_t v = SPOIL_N + 1;
+    for (int k = 0; k < BAD_RUN; k++) {
+        proto_batch_t b;
+        spoil(&b, &rng, k % SPOIL_N, "ja", task++, v);
+        cr_assert_eq(tjobs_add(t, &b, err), TJOBS_INVALID);
+        proto_batch_free(&b);
+        cr_assert(k < BAD_RUN - 1 || strstr(err, "the job fails"), "%s", err);
+    }
+    add(&r, t, &rng, "jb", task++, v, 1, 2, false);
+    tjobs_result_t res[4];
+    int n = tjobs_step(t, res, 4);
+    cr_assert_eq(n, 2, "%d results", n);
+    cr_assert(!strcmp(res[0].job, "ja") && res[0].failed && strstr(res[0].error, "8 scored batches in a row"), "%s: %s",
+              res[0].job, res[0].error);
+    cr_assert(!strcmp(res[1].job, "jb") && !res[1].failed && res[1].version == v + 1, "%s: %s", res[1].job, res[1].error);
+    cr_assert_str_eq(job_status(&r, "ja"), "failed");
+    cr_assert_str_eq(job_status(&r, "jb"), "running");
+    // what still arrives for the failed job is ignored
+    proto_batch_t b;
+    batch_make(&b, &rng, "ja", task++, v, 1, 2, false);
+    cr_assert_eq(tjobs_add(t, &b, err), 1);
+    cr_assert_eq(tjobs_count(t), 1);
+    tjobs_destroy(&t);
+    rig_close(&r);
+}
+
+// The published adapter and optimiser state of a job, fingerprinted.
+static uint64_t published(rig_t *r, const char *id, uint32_t version) {
+    tfp_t f;
+    tfp_init(&f);
+    fp_published(&f, r, id, version);
+    return f.h;
+}
+
+// Data the engine refuses that got past check_batch (the test writes a token outside the
+// vocabulary into job ja's buffered group, as a gap in the checks would let through) makes the
+// shared pass of ja, jb and jc fail. Only ja fails: jb and jc are trained again alone and publish
+// exactly what they publish when trained alone from the start (the refused pass left their
+// gradients, optimiser states and adapters as they were).
+Test(tjobs, a_refused_shared_pass_fails_only_its_culprit) {
+    rig_t r;
+    rig_open(&r, 4, "cul:");
+    char err[ERR_LEN];
+    const char *spec = "{\"task\":\"add1\",\"prompts\":2,\"group\":3,\"lr\":0.02,\"rank\":2}";
+    uint64_t fp[2][2];
+    for (int run = 0; run < 2; run++) {
+        // run 0: ja, jb, jc in one pass, ja spoiled; run 1 (under another key prefix): jb and jc
+        // alone, each in a pass of its own (pass_rows 1), from the same adapters and data
+        if (run == 1) {
+            store_destroy(&r.st);
+            r.st = store_new("127.0.0.1", rs.port, "cul2:", err);
+            cr_assert_not_null(r.st, "%s", err);
+        }
+        if (run == 0) job_put(&r, "ja", spec, 2, 41);
+        job_put(&r, "jb", spec, 2, 42);
+        job_put(&r, "jc", spec, 2, 43);
+        tjobs_cfg_t cfg = {.max_jobs = 4, .keep_versions = 2, .optim_every = 1, .pass_rows = run ? 1 : 1 << 20,
+                           .shared_prefix = true};
+        tjobs_t *t = tjobs_new(r.e, r.st, &cfg, err);
+        cr_assert_not_null(t, "%s", err);
+        rng_t rng;
+        rng_seed(&rng, 99);
+        proto_batch_t b;
+        if (run == 0) add(&r, t, &rng, "ja", 1, 0, 2, 3, false);
+        else batch_make(&b, &rng, "ja", 1, 0, 2, 3, false), proto_batch_free(&b);   // the same data for jb, jc
+        add(&r, t, &rng, "jb", 2, 0, 2, 3, false);
+        add(&r, t, &rng, "jc", 3, 0, 2, 3, false);
+        tjobs_result_t res[4];
+        int n = 0;
+        if (run == 0) {
+            tjob_t *ja = find(t, "ja");
+            ja->buf[1].samples[2].tokens[0] = 41 + 7;
+            n = tjobs_step(t, res, 4);
+            cr_assert_eq(n, 3, "%d results", n);
+            cr_assert(!strcmp(res[0].job, "ja") && res[0].failed && strstr(res[0].error, "outside the vocabulary"),
+                      "%s: %s", res[0].job, res[0].error);
+            cr_assert_str_eq(job_status(&r, "ja"), "failed");
+        } else {
+            n = tjobs_step(t, res, 4);
+            cr_assert_eq(n, 1, "pass_rows 1: one job a pass");
+            n += tjobs_step(t, res + 1, 3);
+            cr_assert_eq(n, 2);
+        }
+        for (int i = run ? 0 : 1; i < n; i++)
+            cr_assert(!res[i].failed && res[i].version == 1, "run %d: %s: %s", run, res[i].job, res[i].error);
+        fp[run][0] = published(&r, "jb", 1);
+        fp[run][1] = published(&r, "jc", 1);
+        cr_assert_str_eq(job_status(&r, "jb"), "running");
+        tjobs_destroy(&t);
+    }
+    cr_assert_eq(fp[0][0], fp[1][0], "jb's published state differs from jb trained alone");
+    cr_assert_eq(fp[0][1], fp[1][1], "jc's published state differs from jc trained alone");
+    rig_close(&r);
+}
+
+// --- fair share of the passes ---------------------------------------------------------------
+
+// A scored batch of n_groups groups of G samples of fixed sizes: prompts of P tokens, completions
+// of C, so that every job's step has the same rows.
+static void batch_fixed(proto_batch_t *b, const char *job, uint64_t task_id, uint32_t version, int n_groups, int G,
+                        int P, int C) {
+    memset(b, 0, sizeof *b);
+    b->task_id = task_id;
+    b->job = strdup(job);
+    b->adapter_version = version;
+    b->kind = PROTO_KIND_TRAIN;
+    b->temperature = 1.0f;
+    b->n_groups = (uint32_t)n_groups;
+    b->groups = calloc((size_t)n_groups, sizeof *b->groups);
+    for (int g = 0; g < n_groups; g++) {
+        proto_group_t *pg = &b->groups[g];
+        pg->n_prompt = (uint32_t)P;
+        pg->prompt = malloc(sizeof(int32_t) * (size_t)P);
+        for (int q = 0; q < P; q++) pg->prompt[q] = 3 + (int32_t)((task_id * 7 + (uint64_t)g * 5 + (uint64_t)q) % 37);
+        pg->n_samples = (uint32_t)G;
+        pg->samples = calloc((size_t)G, sizeof *pg->samples);
+        for (int s = 0; s < G; s++) {
+            proto_sample_t *ps = &pg->samples[s];
+            ps->n = (uint32_t)C;
+            ps->tokens = malloc(sizeof(int32_t) * (size_t)C);
+            ps->logprobs = malloc(sizeof(float) * (size_t)C);
+            for (int q = 0; q < C; q++) ps->tokens[q] = 3 + (s * 11 + q * 3) % 37, ps->logprobs[q] = -1.5f;
+            ps->reward = (float)(s % 2);
+        }
+    }
+}
+
+// Gives every job of ids[] that has no batch buffered its next one.
+static void refill(tjobs_t *t, const char *const *ids, int n, uint64_t *task) {
+    char err[ERR_LEN];
+    for (int i = 0; i < n; i++) {
+        tjob_t *j = find(t, ids[i]);
+        if (j && j->n_buf > 0) continue;
+        proto_batch_t b;
+        batch_fixed(&b, ids[i], (*task)++, j ? j->version : 0, 1, 2, 4, 6);
+        cr_assert_eq(tjobs_add(t, &b, err), 0, "%s: %s", ids[i], err);
+    }
+}
+
+static int tenants_in_use(const tjobs_t *t) {
+    int n = 0, refs = 0;
+    for (int i = 0; i < t->cfg.max_jobs; i++) n += t->tinfo[i].refs > 0, refs += t->tinfo[i].refs;
+    cr_assert_eq(refs, tjobs_count(t), "tenant references %d, jobs held %d", refs, tjobs_count(t));
+    return n;
+}
+
+// Tenant A's four jobs and tenant B's one, all ready at every step: each step trains one of A's
+// and B's (B half the steps, not a fifth); with tenant:A's weight set to 3 in Redis, three of A's
+// per B's one. Jobs come and go through two slots without leaving tenant entries behind.
+Test(tjobs, passes_are_fair_per_tenant) {
+    rig_t r;
+    rig_open(&r, 8, "fair:");
+    char err[ERR_LEN];
+    const char *spec = "{\"task\":\"add1\",\"prompts\":1,\"group\":2,\"lr\":0.01,\"rank\":1}";
+    const char *ids[5] = {"a1", "a2", "a3", "a4", "b1"};
+    for (int i = 0; i < 5; i++) job_put_tenant(&r, ids[i], spec, 1, 50 + (uint64_t)i, i < 4 ? "A" : "B");
+    tjobs_cfg_t cfg = {.max_jobs = 8, .keep_versions = 2, .optim_every = 1, .pass_rows = 1 << 20, .shared_prefix = true};
+    tjobs_t *t = tjobs_new(r.e, r.st, &cfg, err);
+    cr_assert_not_null(t, "%s", err);
+    uint64_t task = 1;
+    long steps[5] = {0};
+    tjobs_result_t res[8];
+    for (int round = 0; round < 12; round++) {
+        refill(t, ids, 5, &task);
+        int n = tjobs_step(t, res, 8);
+        cr_assert_eq(n, 2, "round %d: %d jobs stepped", round, n);
+        for (int i = 0; i < n; i++) {
+            cr_assert(!res[i].failed, "%s: %s", res[i].job, res[i].error);
+            for (int k = 0; k < 5; k++) steps[k] += !strcmp(res[i].job, ids[k]);
+        }
+        cr_assert(steps[4] == round + 1, "round %d: B's job stepped %ld times", round, steps[4]);
+    }
+    for (int k = 0; k < 4; k++) cr_assert_eq(steps[k], 3, "A's job %s: %ld steps of 12", ids[k], steps[k]);
+    cr_assert_eq(tenants_in_use(t), 2);
+    // tenant A's weight 3, read again once the trainer's copy is old
+    char key[256];
+    store_key(r.st, key, sizeof key, "tenant:A");
+    const char *f[1] = {"weight"}, *v[1] = {"3"};
+    cr_assert_eq(store_hset(r.st, key, 1, f, v, err), 0, "%s", err);
+    for (int i = 0; i < cfg.max_jobs; i++) t->tinfo[i].weight_read -= TENANT_WEIGHT_S;
+    long a = 0, b = 0;
+    for (int round = 0; round < 12; round++) {
+        refill(t, ids, 5, &task);
+        int n = tjobs_step(t, res, 8);
+        for (int i = 0; i < n; i++) *(!strcmp(res[i].job, "b1") ? &b : &a) += 1;
+    }
+    cr_assert(b == 12 && a >= 35 && a <= 37, "weights 3:1: A stepped %ld times, B %ld", a, b);
+    tjobs_destroy(&t);
+    // two slots, jobs of five tenants one after another: an idle job is evicted for the next,
+    // and its tenant's entry goes with its last job
+    cfg.max_jobs = 2;
+    t = tjobs_new(r.e, r.st, &cfg, err);
+    cr_assert_not_null(t, "%s", err);
+    for (int i = 0; i < 5; i++) {
+        char id[16], ten[16];
+        snprintf(id, sizeof id, "x%d", i);
+        snprintf(ten, sizeof ten, "T%d", i);
+        job_put_tenant(&r, id, spec, 1, 60 + (uint64_t)i, ten);
+        const char *one[1] = {id};
+        refill(t, one, 1, &task);
+        cr_assert_eq(tjobs_step(t, res, 8), 1);
+        cr_assert_leq(tenants_in_use(t), 2);
+    }
+    cr_assert_eq(tenants_in_use(t), 2);
     tjobs_destroy(&t);
     rig_close(&r);
 }
