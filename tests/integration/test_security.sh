@@ -12,6 +12,13 @@
 #   plain API  a client without CURVE asks the API for the tenant's jobs
 #   slow HTTP  64 connections trickle bytes into the services' HTTP ports (B2): /healthz of
 #              every service answers within 1 s all the same
+# and those of an insider holding the cluster's keys (a compromised pod), where the receivers'
+# own state must refuse what the keys let through:
+#   insider    well-formed scored batches for the tenant's job, with made-up task ids and the
+#              job's current version, pushed to the trainer with the verifier's key (B4): the
+#              trainer takes none of them (no task tag); plain links take them all
+#   fake_step  a step report claiming step and version 1,000,000 for the job, pushed to the
+#              scheduler with the trainer's key (B5): refused, the store holds no such version
 # The refused frames of the insecure run also show that rejections are logged a few lines per
 # reason, not one line per frame.
 set -uo pipefail   # every outcome is checked below; an attack tool that fails is an outcome
@@ -86,6 +93,63 @@ attack() {
     kill "${pids[@]}" 2> /dev/null
     wait "${pids[@]}" 2> /dev/null
     echo "slow_http $slow"
+    # an insider: the cluster's own keys (secure) or none (plain links)
+    local as_ver=() as_tr=() ver n
+    if [ "$mode" = secure ]; then
+        as_ver=(--keys "$RUN/keys" --as verifier --server trainer)
+        as_tr=(--keys "$RUN/keys" --as trainer --server scheduler)
+    fi
+    ver=$(num "$(job_field "$A" "$J" adapter_version)")
+    forge_frames "$J" "$ver" "$tmp/forged"
+    r0=$(rejected trainer)
+    n=0
+    for f in "$tmp"/forged/batch-*.msgpack; do
+        "$FUZZ" --endpoint "$tr" --type push --count 1 --file "$f" --wait-ms 200 --send-timeout-ms 200 "${as_ver[@]}" \
+            > /dev/null && n=$((n + 1))
+    done
+    sleep 1.5
+    r1=$(rejected trainer)
+    echo "insider $((n - (r1 - r0)))"
+    r0=$(rejected scheduler)
+    "$FUZZ" --endpoint "$rp" --type push --count 1 --file "$tmp/forged/step.msgpack" --wait-ms 200 \
+        --send-timeout-ms 200 "${as_tr[@]}" > /dev/null
+    sleep 1.5
+    r1=$(rejected scheduler)
+    local v2
+    v2=$(num "$(job_field "$A" "$J" adapter_version)")
+    echo "fake_step $([ "$v2" -ge 1000000 ] && echo 1 || echo 0)"
+    echo "fake_step_refused $((r1 - r0))"
+}
+
+# forge_frames JOB VERSION DIR: well-formed frames an insider could build (common/net/proto.c's
+# layout): 6 "scored" batches of one group each for JOB at VERSION (tokens inside the micro
+# model's vocabulary, log-probs < 0, rewards 1, made-up task ids, no tag), and a "report" of a
+# step 1,000,000 at version 1,000,000.
+forge_frames() {
+    mkdir -p "$3"
+    python3 - "$@" <<'PY'
+import struct, sys
+def enc(o):
+    if o is None: return b'\xc0'
+    if isinstance(o, bool): return b'\xc3' if o else b'\xc2'
+    if isinstance(o, int): return bytes([o]) if 0 <= o < 128 else b'\xcf' + struct.pack('>Q', o)
+    if isinstance(o, float): return b'\xcb' + struct.pack('>d', o)
+    if isinstance(o, str): b = o.encode(); return b'\xd9' + bytes([len(b)]) + b
+    if isinstance(o, bytes): return b'\xc4' + bytes([len(o)]) + o
+    if isinstance(o, list): return b'\xdc' + struct.pack('>H', len(o)) + b''.join(enc(x) for x in o)
+    return b'\xde' + struct.pack('>H', len(o)) + b''.join(enc(k) + enc(v) for k, v in o.items())
+job, ver, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+sample = {"tok": [40, 41, 42], "lp": struct.pack('<3f', -0.5, -0.5, -0.5), "text": "abc", "fin": 1, "r": 1.0,
+          "fail": False}
+for b in range(6):
+    msg = {"t": "scored", "v": 1, "task": (1 << 61) + 1000 * b + 7, "job": job, "ver": ver, "kind": 0, "temp": 1.0,
+           "worker": "insider", "gen_s": 0.0,
+           "groups": [{"i": 700000 + b, "p": [3, 4, 5, 6, 7], "s": [sample] * 8}]}
+    open(f"{out}/batch-{b}.msgpack", "wb").write(enc(msg))
+rep = {"t": "report", "v": 1, "kind": 2, "job": job, "src": "insider", "task": 0, "tk": 0, "n": 0, "rsum": 0.0,
+       "correct": 0, "errors": 0, "step": 1000000, "ver": 1000000, "error": None}
+open(f"{out}/step.msgpack", "wb").write(enc(rep))
+PY
 }
 
 run_mode() {   # run_mode secure|insecure
@@ -124,14 +188,16 @@ bash tests/integration/security_reward.sh > "$tmp/reward.txt" 2>&1
 reward_rc=$?
 got() { awk -v k="$2" '$1==k{print $2}' "$tmp/$1.txt"; }
 printf '%-9s %8s %8s\n' attack secure insecure
-for a in steal listen forge stranger plain_api slow_http; do
+for a in steal listen forge stranger plain_api slow_http insider fake_step; do
     printf '%-9s %8s %8s\n' "$a" "$(got secure $a)" "$(got insecure $a)"
     check "secure cluster: $a got nothing through ($(got secure $a))" [ "$(got secure $a)" = 0 ]
 done
 # the attacks succeed on plain links (the test can fail); the stranger's key is not even needed there
-for a in steal listen forge plain_api; do
+for a in steal listen forge plain_api insider; do
     check "insecure cluster: $a gets through ($(got insecure $a))" [ "$(num "$(got insecure $a)")" -gt 0 ]
 done
+check "the forged step report was refused on both clusters ($(got secure fake_step_refused), $(got insecure fake_step_refused))" \
+    [ "$(num "$(got secure fake_step_refused)")" -ge 1 -a "$(num "$(got insecure fake_step_refused)")" -ge 1 ]
 rb=$(got secure rate_before) rd=$(got secure rate_during)
 check "the tenant's job kept its step rate under the attacks on the secure cluster ($rb -> $rd steps/s, >= 85 %)" \
     awk -v b="$rb" -v d="$rd" 'BEGIN{exit !(b > 0 && d >= 0.85 * b)}'
@@ -142,5 +208,7 @@ check "$(got insecure forge) refused frames logged in at most 30 lines ($(got in
 grep -E '^(B7|B8|allow-list|FAILED)' "$tmp/reward.txt"
 check "tenants' reward services: $(tail -n 1 "$tmp/reward.txt")" [ "$reward_rc" = 0 ]
 [ $fail = 0 ] && echo "security: without a key of the cluster, steal/listen/forge/stranger/plain API got 0 through" \
-    "(insecure: $(got insecure steal) tasks, $(got insecure listen) events, $(got insecure forge) frames, API answered)"
+    "(insecure: $(got insecure steal) tasks, $(got insecure listen) events, $(got insecure forge) frames, API answered);" \
+    "with the cluster's keys, 0 forged training batches used (insecure: $(got insecure insider) of 6) and the forged" \
+    "step report refused; job step rate $rb -> $rd steps/s under attack; $(tail -n 1 "$tmp/reward.txt")"
 exit $fail
