@@ -112,15 +112,15 @@ bool policy_stale(uint32_t current, uint32_t sampled, int staleness);
 // A pass takes jobs one at a time: of the tenants with a ready job not yet taken, the one with
 // the smallest virtual time counting the jobs it already has in this pass (its tentative time),
 // and of that tenant's ready jobs the one with the smallest virtual time; ties to the earlier in
-// the arrays. The pass stops when
-//   - the next job would take it over `budget` rows or `max` jobs (a pass holds at least one);
+// the arrays. The pass stops (holding at least one job either way) when
+//   - the next job would take it over `budget` rows or `max` jobs;
 //   - the tenant next in line has reached the tentative time of an active tenant (one with a job
-//     that is ready, or has data buffered or arriving) whose ready jobs are all in the pass, or
-//     that has none ready yet: that tenant cannot take more now, so more of the other's jobs
-//     would go beyond its weighted share. One job of tenant B beside eight of A steps in every
-//     pass with one of A's (half the steps each, not 1/9); A at weight 2 takes two per B's one;
-//     B at weight 2 steps alone in every other pass (two thirds of the steps); while B's job
-//     waits for its next batch, A's jobs step one per pass.
+//     that is ready or whose data is arriving) whose ready jobs are all in the pass, or that has
+//     none ready yet: that tenant cannot take more now, so more of the other's jobs would go
+//     beyond its weighted share. One job of tenant B beside eight of A steps in every pass with
+//     one of A's (half the steps each, not 1/9); A at weight 2 takes two per B's one; B at
+//     weight 2 steps alone in every other pass (two thirds of the steps); while B's job waits
+//     for its next batch, A's jobs step one per pass.
 // With one active tenant every ready job steps within the budget.
 //
 // After the pass (policy_train_charge) the jobs taken and their tenants are charged rows /
@@ -136,8 +136,8 @@ bool policy_stale(uint32_t current, uint32_t sampled, int staleness);
 typedef struct {
     bool present;            // a job is held in this entry
     bool ready;              // it may step now: a full batch buffered, not finished
-    bool active;             // it may step soon: ready, or data buffered or arriving (ready
-                             // implies active)
+    bool active;             // it may step soon: ready, or its data is arriving (ready implies
+                             // active)
     int tenant;              // its tenant's index in the tenants array
     double weight;           // jobspec weight, > 0 (anything else counts as 1)
     double rows;             // rows its step computes (ready jobs)

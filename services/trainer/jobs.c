@@ -21,7 +21,8 @@
 // fails: its producer is broken or hostile, and its data will not get better.
 #define BAD_RUN 8
 // A job that got a training batch this recently is active (policy_tjob_t.active): its tenant's
-// share of a pass is kept for it while its next batch is on its way.
+// share of a pass is kept for it while its next batch is on its way. (Buffered groups alone do
+// not make a job active: those of a job cancelled at the scheduler may never fill a batch.)
 #define ACTIVE_S 10.0
 // A tenant's weight is read again from Redis when it is older than this.
 #define TENANT_WEIGHT_S 10.0
@@ -652,7 +653,7 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
             continue;
         }
         f->ready = !j->fail_why[0] && j->n_buf >= j->spec.prompts;
-        f->active = f->ready || j->n_buf > 0 || now - j->last_batch < ACTIVE_S;
+        f->active = f->ready || now - j->last_batch < ACTIVE_S;
         if (f->ready) f->rows = step_rows(t, j), any = true;
     }
     if (!any || t->broken[0] || n_out >= max) return n_out;

@@ -70,7 +70,8 @@ security_trainer() {
     B=$(mk_tenant bob 2> /dev/null)
     # small jobs (all nine fit one pass of 2048 rows) that run longer than the test (cancelled at
     # its end): A's a2..a8 and B's job first
-    spec=(--task "${TASK:-vowels}" --steps 10000 --prompts "$prompts" --group "$group" --eval-every 10000 --eval-n 8)
+    spec=(--task "${TASK:-vowels}" --steps 10000 --prompts "$prompts" --group "$group" --staleness 2 --eval-every 10000
+        --eval-n 8)
     for _ in 2 3 4 5 6 7 8; do AJ+=("$(submit "$A" "${spec[@]}")"); done
     BJ=$(submit "$B" "${spec[@]}")
     check "every job has stepped" wait_for 90 sectr_stepped 1 "${AJ[@]}" "$BJ"
