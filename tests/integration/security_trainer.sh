@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The trainer on a live local cluster (models/micro) when one tenant's data is hostile and when
 # one tenant runs many jobs. Tenant A runs 8 small jobs, tenant B one; all train at once.
-#   B9         a compromised verifier (it holds the cluster's verifier key) pushes scored batches
-#              for A's job a1 whose completions hold a token outside the vocabulary, as a1's first
-#              data, which the trainer would train in its next pass beside B's job and every
-#              other ready one: each batch is refused naming job, task, group, sample and field,
+#   B9         a broken or compromised producer pushes scored batches for A's job a1 whose
+#              completions hold a token outside the vocabulary, as a1's first data, which the
+#              trainer would train in its next pass beside B's job and every other ready one. On
+#              a secured cluster a batch of a task the scheduler did not issue is refused for its
+#              missing tag before anything else (test_security.sh shows it), and a compromised
+#              verifier can still alter the results of a real task; to reach the checks of the
+#              data itself this cluster runs on plain links (--insecure), where the forged task
+#              passes for a real one. Each batch is refused naming job, task, group, sample and field,
 #              and counted (marlaas_trainer_job_invalid_batches_total); no job fails, not B's, not
 #              a1 (which then trains on its own data). Before the trainer checked batches, the
 #              pass holding it failed, and with it every job in it: all nine.
@@ -64,7 +68,7 @@ security_trainer() {
     local fail=0 window=${WINDOW:-30} prompts=${PROMPTS:-4} group=${GROUP:-8} t0=$EPOCHREALTIME
     local A B BJ a1 j st da db a0 b0 share n_bad failed=0 secs task=$(((1 << 62) + 17))
     local -a spec AJ=()
-    cluster_up --model models/micro > /dev/null 2>&1 || { echo "FAILED: marlaas up"; return 1; }
+    cluster_up --model models/micro --insecure > /dev/null 2>&1 || { echo "FAILED: marlaas up"; return 1; }
     make_tmp   # cluster_up installed its own trap
     A=$(mk_tenant alice 2> /dev/null)
     B=$(mk_tenant bob 2> /dev/null)
@@ -77,7 +81,7 @@ security_trainer() {
     check "every job has stepped" wait_for 90 sectr_stepped 1 "${AJ[@]}" "$BJ"
 
     # --- B9 ------------------------------------------------------------------------------------
-    # a1 joins and the compromised verifier pushes a1's first data at once. a1's reward service
+    # a1 joins and the producer pushes a1's first data at once. a1's reward service
     # does not answer (each of a1's real batches waits 2 x 2 s at the verifier, then is scored 0),
     # so the pushed batch is the first the trainer has of a1.
     a1=$(submit "$A" "${spec[@]}" --reward-endpoint "tcp://127.0.0.1:$(free_low_port)")
@@ -85,7 +89,7 @@ security_trainer() {
     sectr_forge "$a1" "$prompts" "$group" "$task" "$tmp/bad.msgpack"
     b0=$(sectr_step "$BJ")
     "$BIN/marlaas-fuzz-send" --endpoint "$(envv MARLAAS_TRAINER)" --type push --count 3 --file "$tmp/bad.msgpack" \
-        --keys "$RUN/keys" --as verifier --server trainer --wait-ms 500 > "$tmp/fuzz.out" 2>&1 ||
+        --wait-ms 500 > "$tmp/fuzz.out" 2>&1 ||
         { echo "FAILED: the push: $(cat "$tmp/fuzz.out")"; fail=1; }
     check "the trainer refused the 3 invalid batches of $a1 and counted them" wait_for 10 sectr_invalid_at_least "$a1" 3
     n_bad=$(sectr_invalid "$a1")

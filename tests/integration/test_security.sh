@@ -78,20 +78,29 @@ attack() {
         echo "plain_api 0"
     fi
     # slow HTTP clients: 64 connections trickle header bytes; every probe still answers in 1 s
-    local pids=() port slow=0
-    for port in $(awk '{print $2}' "$RUN/http" | cut -d: -f2); do
-        for _ in $(seq 1 16); do
-            (exec 3<> "/dev/tcp/127.0.0.1/$port" || exit 0
-             for _ in $(seq 1 20); do printf 'X' >&3 || exit 0; sleep 0.5; done) 2> /dev/null &
-            pids+=($!)
-        done
-    done
+    # (one process holds the 64 connections: the attacker's own CPU use stays small beside the
+    # services')
+    local pid port slow=0
+    python3 - $(awk '{print $2}' "$RUN/http" | cut -d: -f2) <<'PY' 2> /dev/null &
+import socket, sys, time
+conns = []
+for port in sys.argv[1:]:
+    for _ in range(16):
+        try: conns.append(socket.create_connection(("127.0.0.1", int(port)), timeout=2))
+        except OSError: pass
+for _ in range(20):
+    for c in conns:
+        try: c.send(b"X")
+        except OSError: pass
+    time.sleep(0.5)
+PY
+    pid=$!
     sleep 2
     for port in $(awk '{print $2}' "$RUN/http" | cut -d: -f2); do
         curl -sf --max-time 1 "http://127.0.0.1:$port/healthz" > /dev/null || slow=$((slow + 1))
     done
-    kill "${pids[@]}" 2> /dev/null
-    wait "${pids[@]}" 2> /dev/null
+    kill "$pid" 2> /dev/null
+    wait "$pid" 2> /dev/null
     echo "slow_http $slow"
     # an insider: the cluster's own keys (secure) or none (plain links)
     local as_ver=() as_tr=() ver n
@@ -162,15 +171,19 @@ run_mode() {   # run_mode secure|insecure
     J=$(submit "$A" --task vowels --steps 5000 --prompts 8 --eval-every 5000 --eval-n 16)
     K=$(submit "$A" --task pad --steps 15 --prompts 8 --eval-every 15 --eval-n 16)
     wait_for 60 stepped || echo "(job $J had not stepped before the attacks)"
-    # J's step rate over 10 s before the attacks and while they run
-    local s0 s1 s2 t0 t1 t2
+    # J's step rate over 10 s before the attacks, while they run and 10 s after them (a job's
+    # rate drifts as it learns: the attacks are judged against the rates on either side)
+    local s0 s1 s2 s3 t0 t1 t2 t3
     s0=$(num "$(job_field "$A" "$J" step)") t0=$(date +%s.%N)
     sleep 10
     s1=$(num "$(job_field "$A" "$J" step)") t1=$(date +%s.%N)
     attack > "$tmp/$mode.txt"
     s2=$(num "$(job_field "$A" "$J" step)") t2=$(date +%s.%N)
-    awk -v a="$((s1 - s0))" -v b="$((s2 - s1))" -v x="$t0" -v y="$t1" -v z="$t2" \
-        'BEGIN{printf "rate_before %.3f\nrate_during %.3f\n", a / (y - x), b / (z - y)}' >> "$tmp/$mode.txt"
+    sleep 10
+    s3=$(num "$(job_field "$A" "$J" step)") t3=$(date +%s.%N)
+    awk -v a="$((s1 - s0))" -v b="$((s2 - s1))" -v c="$((s3 - s2))" -v w="$t0" -v x="$t1" -v y="$t2" -v z="$t3" \
+        'BEGIN{printf "rate_before %.3f\nrate_during %.3f\nrate_after %.3f\n", a / (x - w), b / (y - x), c / (z - y)}' \
+        >> "$tmp/$mode.txt"
     "$M" cancel "$J" --token "$A" > /dev/null
     wait_jobs "$A" 600 || true
     echo "job $(job_field "$A" "$K" status)" >> "$tmp/$mode.txt"
@@ -186,6 +199,9 @@ run_mode insecure
 # endpoint rules) on a cluster of their own
 bash tests/integration/security_reward.sh > "$tmp/reward.txt" 2>&1
 reward_rc=$?
+# the trainer: one tenant's invalid data (B9) and per-tenant fairness of its passes
+bash tests/integration/security_trainer.sh > "$tmp/trainer.txt" 2>&1
+trainer_rc=$?
 got() { awk -v k="$2" '$1==k{print $2}' "$tmp/$1.txt"; }
 printf '%-9s %8s %8s\n' attack secure insecure
 for a in steal listen forge stranger plain_api slow_http insider fake_step; do
@@ -198,17 +214,20 @@ for a in steal listen forge plain_api insider; do
 done
 check "the forged step report was refused on both clusters ($(got secure fake_step_refused), $(got insecure fake_step_refused))" \
     [ "$(num "$(got secure fake_step_refused)")" -ge 1 -a "$(num "$(got insecure fake_step_refused)")" -ge 1 ]
-rb=$(got secure rate_before) rd=$(got secure rate_during)
-check "the tenant's job kept its step rate under the attacks on the secure cluster ($rb -> $rd steps/s, >= 85 %)" \
-    awk -v b="$rb" -v d="$rd" 'BEGIN{exit !(b > 0 && d >= 0.85 * b)}'
+rb=$(got secure rate_before) rd=$(got secure rate_during) ra=$(got secure rate_after)
+check "the tenant's job kept its step rate under the attacks on the secure cluster ($rb, $rd, $ra steps/s before, during, after; during >= 85 % of the lower of the others)" \
+    awk -v b="$rb" -v d="$rd" -v a="$ra" 'BEGIN{m = a < b ? a : b; exit !(m > 0 && d >= 0.85 * m)}'
 check "the tenant's job finished on the secure cluster ($(got secure job))" [ "$(got secure job)" = done ]
 check "the tenant's job finished on the insecure cluster ($(got insecure job))" [ "$(got insecure job)" = done ]
 check "$(got insecure forge) refused frames logged in at most 30 lines ($(got insecure log_lines))" \
     [ "$(num "$(got insecure log_lines)")" -le 30 ]
 grep -E '^(B7|B8|allow-list|FAILED)' "$tmp/reward.txt"
 check "tenants' reward services: $(tail -n 1 "$tmp/reward.txt")" [ "$reward_rc" = 0 ]
+grep -E '^(FAILED|FAIL)' "$tmp/trainer.txt"
+check "the trainer: $(tail -n 1 "$tmp/trainer.txt")" [ "$trainer_rc" = 0 ]
 [ $fail = 0 ] && echo "security: without a key of the cluster, steal/listen/forge/stranger/plain API got 0 through" \
     "(insecure: $(got insecure steal) tasks, $(got insecure listen) events, $(got insecure forge) frames, API answered);" \
     "with the cluster's keys, 0 forged training batches used (insecure: $(got insecure insider) of 6) and the forged" \
-    "step report refused; job step rate $rb -> $rd steps/s under attack; $(tail -n 1 "$tmp/reward.txt")"
+    "step report refused; job step rate $rb / $rd / $ra steps/s before / during / after the attacks; $(tail -n 1 "$tmp/reward.txt");" \
+    "$(tail -n 1 "$tmp/trainer.txt")"
 exit $fail
