@@ -79,7 +79,9 @@ int policy_train_pick(const policy_tjob_t *jobs, int n, const policy_ttenant_t *
         if (!jobs[i].present) continue;
         ASSERT(jobs[i].tenant >= 0 && jobs[i].tenant < n_tenants);
         left[jobs[i].tenant] += jobs[i].ready;
-        active[jobs[i].tenant] |= jobs[i].ready || jobs[i].active;
+        // in play: a tenant with a ready job; one whose data is still arriving does not hold the
+        // pass back (the pass is work-conserving: it cannot use the capacity now)
+        active[jobs[i].tenant] |= jobs[i].ready;
     }
     int np = 0;
     double rows = 0;
@@ -92,7 +94,7 @@ int policy_train_pick(const policy_tjob_t *jobs, int n, const policy_ttenant_t *
             if (active[t] && left[t] == 0 && (!exhausted || tv[t] < emin)) emin = tv[t], exhausted = true;
         }
         if (best < 0) break;
-        // more of this tenant would go beyond an active tenant that has nothing (more) to add
+        // more of this tenant would go beyond a tenant in play that has nothing more to add
         // (reached within rounding: three charges of rows / 3 reach rows)
         if (np > 0 && exhausted && tv[best] >= emin - 1e-9 * fabs(emin)) break;
         int k = -1;

@@ -114,14 +114,15 @@ bool policy_stale(uint32_t current, uint32_t sampled, int staleness);
 // and of that tenant's ready jobs the one with the smallest virtual time; ties to the earlier in
 // the arrays. The pass stops (holding at least one job either way) when
 //   - the next job would take it over `budget` rows or `max` jobs;
-//   - the tenant next in line has reached the tentative time of an active tenant (one with a job
-//     that is ready or whose data is arriving) whose ready jobs are all in the pass, or that has
-//     none ready yet: that tenant cannot take more now, so more of the other's jobs would go
-//     beyond its weighted share. One job of tenant B beside eight of A steps in every pass with
-//     one of A's (half the steps each, not 1/9); A at weight 2 takes two per B's one; B at
-//     weight 2 steps alone in every other pass (two thirds of the steps); while B's job waits
-//     for its next batch, A's jobs step one per pass.
-// With one active tenant every ready job steps within the budget.
+//   - the tenant next in line has reached the tentative time of a tenant in play (one with a
+//     ready job at the start of the pass) whose ready jobs are all in the pass: that tenant
+//     cannot take more now, so more of the other's jobs would go beyond its weighted share. One
+//     job of tenant B beside eight of A steps in every pass with one of A's (half the steps
+//     each, not 1/9); A at weight 2 takes two per B's one; B at weight 2 steps alone in every
+//     other pass (two thirds of the steps). A tenant with no ready job does not hold a pass
+//     back (its data is still on its way: the pass is work-conserving, and a passes of many
+//     jobs computes more rows per second than passes of one or two).
+// With one tenant in play every ready job steps within the budget.
 //
 // After the pass (policy_train_charge) the jobs taken and their tenants are charged rows /
 // weight, and nothing banks credit: while some tenant has ready jobs left out of the pass, a
