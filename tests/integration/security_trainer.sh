@@ -45,14 +45,8 @@ sectr_invalid_at_least() { [ "$(sectr_invalid "$1")" -ge "$2" ]; }
 sectr_forge() {
     python3 - "$@" <<'PY'
 import struct, sys
-def enc(o):
-    if isinstance(o, bool): return b'\xc3' if o else b'\xc2'
-    if isinstance(o, int): return bytes([o]) if 0 <= o < 128 else b'\xcf' + struct.pack('>Q', o)
-    if isinstance(o, float): return b'\xcb' + struct.pack('>d', o)
-    if isinstance(o, str): b = o.encode(); return b'\xd9' + bytes([len(b)]) + b
-    if isinstance(o, bytes): return b'\xc4' + bytes([len(o)]) + o
-    if isinstance(o, list): return b'\xdc' + struct.pack('>H', len(o)) + b''.join(enc(x) for x in o)
-    return b'\xde' + struct.pack('>H', len(o)) + b''.join(enc(k) + enc(v) for k, v in o.items())
+sys.path.insert(0, "tests/integration")
+from msgpack_enc import enc
 job, prompts, group, task, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 sample = lambda k: {"tok": [40, 500, 10], "lp": struct.pack('<3f', -1.0, -1.0, -1.0), "text": "x", "fin": 1,
                     "r": float(k % 2), "fail": False}

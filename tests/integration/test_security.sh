@@ -138,15 +138,8 @@ forge_frames() {
     mkdir -p "$3"
     python3 - "$@" <<'PY'
 import struct, sys
-def enc(o):
-    if o is None: return b'\xc0'
-    if isinstance(o, bool): return b'\xc3' if o else b'\xc2'
-    if isinstance(o, int): return bytes([o]) if 0 <= o < 128 else b'\xcf' + struct.pack('>Q', o)
-    if isinstance(o, float): return b'\xcb' + struct.pack('>d', o)
-    if isinstance(o, str): b = o.encode(); return b'\xd9' + bytes([len(b)]) + b
-    if isinstance(o, bytes): return b'\xc4' + bytes([len(o)]) + o
-    if isinstance(o, list): return b'\xdc' + struct.pack('>H', len(o)) + b''.join(enc(x) for x in o)
-    return b'\xde' + struct.pack('>H', len(o)) + b''.join(enc(k) + enc(v) for k, v in o.items())
+sys.path.insert(0, "tests/integration")
+from msgpack_enc import enc
 job, ver, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 sample = {"tok": [40, 41, 42], "lp": struct.pack('<3f', -0.5, -0.5, -0.5), "text": "abc", "fin": 1, "r": 1.0,
           "fail": False}

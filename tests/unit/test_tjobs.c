@@ -26,84 +26,11 @@
 // The trainer's step is not part of the library: the test compiles it in.
 #include "services/trainer/jobs.c"
 
-// --- a private redis-server ------------------------------------------------------------------
+// --- a private redis-server (tests/unit/testredis.h) ----------------------------------------
 
-static struct {
-    char bin[4096], dir[64];
-    int port;
-    pid_t pid;
-} rs;
+#include "tests/unit/testredis.h"
 
-static void rs_stop(void) {
-    if (rs.pid > 0) {
-        kill(rs.pid, SIGKILL);
-        waitpid(rs.pid, NULL, 0);
-    }
-    rs.pid = 0;
-    if (!rs.dir[0]) return;
-    DIR *d = opendir(rs.dir);
-    struct dirent *e;
-    char p[512];
-    while (d && (e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            snprintf(p, sizeof p, "%s/%s", rs.dir, e->d_name), unlink(p);
-    if (d) closedir(d);
-    rmdir(rs.dir);
-    rs.dir[0] = 0;
-}
-
-// Starts redis-server (REDIS_SERVER, else the PATH's) and returns a store on it, keys under prefix.
-static store_t *rs_start(const char *prefix) {
-    const char *env = getenv("REDIS_SERVER");
-    if (env && *env) snprintf(rs.bin, sizeof rs.bin, "%s", env);
-    else {
-        char dirs[8192], *save = NULL;
-        snprintf(dirs, sizeof dirs, "%s", getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
-        rs.bin[0] = 0;
-        for (char *d = strtok_r(dirs, ":", &save); d && !rs.bin[0]; d = strtok_r(NULL, ":", &save)) {
-            snprintf(rs.bin, sizeof rs.bin, "%s/redis-server", d);
-            if (access(rs.bin, X_OK)) rs.bin[0] = 0;
-        }
-    }
-    cr_assert(rs.bin[0] && access(rs.bin, X_OK) == 0,
-              "redis-server not found (PATH or $REDIS_SERVER): the trainer tests need a real Redis "
-              "(Debian: apt-get install redis-server)");
-    snprintf(rs.dir, sizeof rs.dir, "/tmp/marlaas-tjobs-XXXXXX");
-    cr_assert_not_null(mkdtemp(rs.dir), "mkdtemp: %s", strerror(errno));
-    char err[ERR_LEN];
-    for (int attempt = 0; attempt < 3; attempt++) {
-        rs.port = tu_free_port();
-        char port[16], logf[128];
-        snprintf(port, sizeof port, "%d", rs.port);
-        snprintf(logf, sizeof logf, "%s/redis.log", rs.dir);
-        char *argv[] = {rs.bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                        "--dir", rs.dir, "--logfile", logf, "--daemonize", "no", NULL};
-        pid_t parent = getpid();
-        rs.pid = fork();
-        cr_assert_geq(rs.pid, 0, "fork: %s", strerror(errno));
-        if (rs.pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (getppid() != parent) _exit(1);
-            int fd = open("/dev/null", O_RDWR);
-            if (fd >= 0) dup2(fd, 0), dup2(fd, 1);
-            execv(rs.bin, argv);
-            _exit(127);
-        }
-        for (double t0 = util_now(); util_now() - t0 < 10 && waitpid(rs.pid, NULL, WNOHANG) == 0;) {
-            store_t *st = store_new("127.0.0.1", rs.port, prefix, err);
-            if (st && store_ping(st, err) == 0) return st;
-            store_destroy(&st);
-            usleep(10000);
-        }
-        kill(rs.pid, SIGKILL);
-        waitpid(rs.pid, NULL, 0);
-        rs.pid = 0;
-    }
-    cr_assert_fail("redis-server (%s) did not start (its log: %s/redis.log)", rs.bin, rs.dir);
-    return NULL;
-}
-
-static void fini(void) { rs_stop(); }
+static void fini(void) { tr_redis_stop(); }
 
 TestSuite(tjobs, .fini = fini, .timeout = 120);
 
@@ -124,7 +51,7 @@ static void rig_open(rig_t *r, int slots, const char *prefix) {
     r->pool = lora_pool_new(slots);
     r->e = engine_new(r->m, r->pool, err);
     cr_assert_not_null(r->e, "%s", err);
-    r->st = rs_start(prefix);
+    r->st = tr_redis_start(prefix);
 }
 
 static void rig_close(rig_t *r) {
@@ -281,7 +208,7 @@ static uint64_t scenario(bool shared_prefix, const char *prefix) {
     }
     tjobs_destroy(&t);
     rig_close(&r);
-    rs_stop();
+    tr_redis_stop();
     return f.h;
 }
 
@@ -547,7 +474,7 @@ Test(tjobs, a_refused_shared_pass_fails_only_its_culprit) {
         // alone, each in a pass of its own (pass_rows 1), from the same adapters and data
         if (run == 1) {
             store_destroy(&r.st);
-            r.st = store_new("127.0.0.1", rs.port, "cul2:", err);
+            r.st = store_new("127.0.0.1", tr_redis.port, "cul2:", err);
             cr_assert_not_null(r.st, "%s", err);
         }
         if (run == 0) job_put(&r, "ja", spec, 2, 41);
