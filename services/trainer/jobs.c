@@ -382,9 +382,6 @@ static int check_batch(const tjobs_t *t, const tjob_t *j, const proto_batch_t *m
                 if (ps->env[q] > 1) return refuse(err, m, gi, si, "env[%u] = %u, not 0 or 1", q, ps->env[q]);
                 if (ps->env[q] && max_turns == 1)
                     return refuse(err, m, gi, si, "env[%u] marks an environment token in a single-turn job", q);
-                if (ps->env[q] && q == 0)
-                    return refuse(err, m, gi, si, "env[0] marks the first token the environment's (a turn of the model "
-                                  "comes first)");
             }
         }
     }

@@ -9,6 +9,8 @@
 #              reach their decoders (B4, B5; counted by marlaas_messages_rejected_total)
 #   stranger   the same pushes with a CURVE keypair of the attacker's own, holding the real
 #              public keys of the servers (public keys are not secret)
+#   junk       for 6 s, ten TCP connections a second write 2 KB of random bytes to the work port
+#              and close (B1): the job keeps stepping meanwhile ("junk_stall" 0)
 #   plain API  a client without CURVE asks the API for the tenant's jobs
 #   slow HTTP  64 connections trickle bytes into the services' HTTP ports (B2): /healthz of
 #              every service answers within 1 s all the same
@@ -70,6 +72,25 @@ attack() {
         total=$((total + r1 - r0))
     done
     echo "stranger $total"
+    # junk on the work port: the job must keep stepping while it lasts
+    local j0 j1
+    j0=$(num "$(job_field "$A" "$J" step)")
+    python3 - "$w" <<'PY' 2> /dev/null
+import os, socket, sys, time
+host, port = sys.argv[1].rsplit("/", 1)[-1].rsplit(":", 1)
+end = time.time() + 6
+while time.time() < end:
+    for _ in range(10):
+        try:
+            c = socket.create_connection((host, int(port)), timeout=1)
+            c.sendall(os.urandom(2048))
+            c.close()
+        except OSError:
+            pass
+    time.sleep(1)
+PY
+    j1=$(num "$(job_field "$A" "$J" step)")
+    echo "junk_stall $([ "$j1" -gt "$j0" ] && echo 0 || echo 1)"
     # a client without CURVE: no key, told plain
     if MARLAAS_RUN_DIR=/nonexistent MARLAAS_API="$(envv MARLAAS_API)" MARLAAS_INSECURE=1 \
         "$M" jobs --token "$A" > "$tmp/plain.out" 2>&1; then
@@ -197,7 +218,7 @@ bash tests/integration/security_trainer.sh > "$tmp/trainer.txt" 2>&1
 trainer_rc=$?
 got() { awk -v k="$2" '$1==k{print $2}' "$tmp/$1.txt"; }
 printf '%-9s %8s %8s\n' attack secure insecure
-for a in steal listen forge stranger plain_api slow_http insider fake_step; do
+for a in steal listen forge stranger junk_stall plain_api slow_http insider fake_step; do
     printf '%-9s %8s %8s\n' "$a" "$(got secure $a)" "$(got insecure $a)"
     check "secure cluster: $a got nothing through ($(got secure $a))" [ "$(got secure $a)" = 0 ]
 done
