@@ -306,6 +306,33 @@ Test(tjobs, future_adapter_version_refused) {
     rig_close(&r);
 }
 
+// A task's results delivered again (a replayed frame, a retried push) are ignored: the job's
+// buffer holds the first delivery only, and a step consumes it once.
+Test(tjobs, a_task_delivered_twice_is_used_once) {
+    rig_t r;
+    rig_open(&r, 2, "twice:");
+    char err[ERR_LEN];
+    job_put(&r, "j1", "{\"task\":\"add1\",\"prompts\":2,\"group\":2,\"lr\":0.01,\"rank\":1}", 1, 7);
+    tjobs_cfg_t cfg = {.max_jobs = 2, .keep_versions = 2, .optim_every = 1, .pass_rows = 1 << 20, .shared_prefix = true};
+    tjobs_t *t = tjobs_new(r.e, r.st, &cfg, err);
+    cr_assert_not_null(t, "%s", err);
+    rng_t rng;
+    rng_seed(&rng, 5);
+    add(&r, t, &rng, "j1", 31, 0, 1, 2, false);
+    cr_assert_eq(tjobs_buffered(t), 1);
+    proto_batch_t b;
+    batch_make(&b, &rng, "j1", 31, 0, 1, 2, false);
+    cr_assert_eq(tjobs_add(t, &b, err), 1, "the second delivery of task 31 was taken");
+    cr_assert_eq(tjobs_buffered(t), 1, "the replay joined the buffer");
+    tjobs_result_t res[2];
+    cr_assert_eq(tjobs_step(t, res, 2), 0, "a step of 2 prompts from one task's group and its replay");
+    add(&r, t, &rng, "j1", 32, 0, 1, 2, false);
+    cr_assert_eq(tjobs_step(t, res, 2), 1);
+    cr_assert(!res[0].failed && res[0].version == 1, "%s", res[0].error);
+    tjobs_destroy(&t);
+    rig_close(&r);
+}
+
 // --- containment: one job's bad data fails no other job --------------------------------------
 
 // job_put, and the job's tenant (job hash field `tenant`).
