@@ -7,7 +7,8 @@
 // someone else's job get the same "no such job" answer.
 //
 // Operations (arguments -> results):
-//   tenant_create  name, [quota]                    -> tenant, token          (admin)
+//   tenant_create  name, [quota], [weight],          -> tenant, token          (admin)
+//                  [max_groups], [max_data_mb]
 //   job_submit     spec (JSON), [dataset] (JSONL)   -> job, [notes] (what of the model's
 //                                                     generation_config.json was applied or not)
 //   job_list                                        -> jobs (JSON array)
