@@ -181,8 +181,9 @@ run_mode() {   # run_mode secure|insecure
     cluster_up --model models/micro "${flags[@]}" > "$tmp/up-$mode.log" 2>&1 || { cat "$tmp/up-$mode.log"; return 1; }
     make_tmp   # cluster_up installed its own trap
     A=$(mk_tenant alice)
-    # J keeps work in flight during the attacks (cancelled after them); K must finish
-    J=$(submit "$A" --task vowels --steps 5000 --prompts 8 --eval-every 5000 --eval-n 16)
+    # J keeps work in flight during the attacks (cancelled after them; at ~100 steps/s 100,000
+    # steps outlast the test); K must finish
+    J=$(submit "$A" --task vowels --steps 100000 --prompts 8 --eval-every 100000 --eval-n 16)
     K=$(submit "$A" --task pad --steps 15 --prompts 8 --eval-every 15 --eval-n 16)
     wait_for 60 stepped || echo "(job $J had not stepped before the attacks)"
     # J's step rate over 10 s before the attacks, while they run and 10 s after them (a job's
