@@ -276,18 +276,26 @@ Test(tjobs, more_than_256_jobs) {
     rig_close(&r);
 }
 
+// A table of two slots holding job j1 (spec) and an rng: the start of the tests of one job's
+// deliveries.
+static tjobs_t *one_job(rig_t *r, const char *prefix, const char *spec, rng_t *rng, uint64_t seed) {
+    char err[ERR_LEN];
+    rig_open(r, 2, prefix);
+    job_put(r, "j1", spec, 1, 7);
+    tjobs_cfg_t cfg = {.max_jobs = 2, .keep_versions = 2, .optim_every = 1, .pass_rows = 1 << 20, .shared_prefix = true};
+    tjobs_t *t = tjobs_new(r->e, r->st, &cfg, err);
+    cr_assert_not_null(t, "%s", err);
+    rng_seed(rng, seed);
+    return t;
+}
+
 // A batch that claims an adapter version the trainer never published (a forged one: 2^32 - 1, or
 // merely one ahead) is refused with the reason and trains nothing; the job's own version trains.
 Test(tjobs, future_adapter_version_refused) {
     rig_t r;
-    rig_open(&r, 2, "future:");
-    char err[ERR_LEN];
-    job_put(&r, "j1", "{\"task\":\"add1\",\"prompts\":1,\"group\":2,\"lr\":0.01,\"rank\":1}", 1, 7);
-    tjobs_cfg_t cfg = {.max_jobs = 2, .keep_versions = 2, .optim_every = 1, .pass_rows = 1 << 20, .shared_prefix = true};
-    tjobs_t *t = tjobs_new(r.e, r.st, &cfg, err);
-    cr_assert_not_null(t, "%s", err);
     rng_t rng;
-    rng_seed(&rng, 9);
+    char err[ERR_LEN];
+    tjobs_t *t = one_job(&r, "future:", "{\"task\":\"add1\",\"prompts\":1,\"group\":2,\"lr\":0.01,\"rank\":1}", &rng, 9);
     uint32_t forged[2] = {UINT32_MAX, 1};
     for (int i = 0; i < 2; i++) {
         proto_batch_t b;
@@ -310,14 +318,9 @@ Test(tjobs, future_adapter_version_refused) {
 // buffer holds the first delivery only, and a step consumes it once.
 Test(tjobs, a_task_delivered_twice_is_used_once) {
     rig_t r;
-    rig_open(&r, 2, "twice:");
-    char err[ERR_LEN];
-    job_put(&r, "j1", "{\"task\":\"add1\",\"prompts\":2,\"group\":2,\"lr\":0.01,\"rank\":1}", 1, 7);
-    tjobs_cfg_t cfg = {.max_jobs = 2, .keep_versions = 2, .optim_every = 1, .pass_rows = 1 << 20, .shared_prefix = true};
-    tjobs_t *t = tjobs_new(r.e, r.st, &cfg, err);
-    cr_assert_not_null(t, "%s", err);
     rng_t rng;
-    rng_seed(&rng, 5);
+    char err[ERR_LEN];
+    tjobs_t *t = one_job(&r, "twice:", "{\"task\":\"add1\",\"prompts\":2,\"group\":2,\"lr\":0.01,\"rank\":1}", &rng, 5);
     add(&r, t, &rng, "j1", 31, 0, 1, 2, false);
     cr_assert_eq(tjobs_buffered(t), 1);
     proto_batch_t b;
