@@ -30,6 +30,7 @@
 #define PROTO_MAX_ID 64                  // bytes of an id (job, tenant, service instance) with
                                          // its NUL: an id fits char[PROTO_MAX_ID]
 #define PROTO_TAG_LEN 32                 // bytes of a task's tag (HMAC-SHA-256)
+#define PROTO_TAG_PURPOSE "marlaas task tag"   // bus_link_key's purpose for the tag key
 #define PROTO_MAX_ITEMS 1024             // prompts in one rollout task
 #define PROTO_MAX_SAMPLES 256            // samples per prompt (group size)
 #define PROTO_MAX_TOKENS 8192            // tokens in one prompt or completion

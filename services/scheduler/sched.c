@@ -154,7 +154,7 @@ sched_t *sched_new(store_t *st, zsock_t *work, const hf_config_t *model, const s
     // checks (proto.h: proto_task_tag)
     if (bus_is_secure()) {
         char e2[ERR_LEN];
-        if (bus_link_key("trainer", "marlaas task tag", s->tag_key, e2)) {
+        if (bus_link_key("trainer", PROTO_TAG_PURPOSE, s->tag_key, e2)) {
             err_set(err, "cannot derive the task tag key: %s", e2);
             sched_destroy(&s);
             return NULL;

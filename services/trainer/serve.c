@@ -174,7 +174,7 @@ trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, co
     svc_bind_endpoint(s, SVC_TRAINER, ep, sizeof ep);
     if (t->jobs && bus_is_secure()) {
         char e2[ERR_LEN];
-        if (bus_link_key("scheduler", "marlaas task tag", t->tag_key, e2)) {
+        if (bus_link_key("scheduler", PROTO_TAG_PURPOSE, t->tag_key, e2)) {
             err_set(err, "cannot derive the task tag key: %s", e2);
             trainer_close(&t);
             return NULL;
