@@ -51,9 +51,11 @@ void bus_tune(zsock_t *s);
 
 // A socket of `type` (ZMQ_PUSH, ZMQ_PULL, ...) bound to endpoint, with send/receive high-water
 // marks `hwm` and incoming frames capped at max_frame bytes (larger frames drop the peer's
-// connection inside libzmq, before any of our code sees them). NULL + err on failure. Secured:
+// connection inside libzmq, before any of our code sees them; max_frame 0, a socket that only
+// sends: BUS_SEND_ONLY_MAX, room for subscriptions). NULL + err on failure. Secured:
 // a CURVE server admitting the cluster's keys only.
 zsock_t *bus_bind(int type, const char *endpoint, int hwm, size_t max_frame, char *err);
+#define BUS_SEND_ONLY_MAX 65536
 // The scheduler's client API: secured, a CURVE server that admits any client key (clients make
 // theirs; the tenant's token authenticates the request) and encrypts every frame. It lives in
 // a ZeroMQ context of its own, apart from the authenticator; close it with bus_close.
