@@ -191,11 +191,12 @@ void bus_tune(zsock_t *s) {
     zsock_set_heartbeat_ttl(s, BUS_HEARTBEAT_TIMEOUT_MS);
 }
 
-// ZMQ_MAXMSGSIZE for max_frame. A socket that only sends (max_frame 0: PUSH, PUB) still decodes
-// what a peer writes to it: without a cap a junk peer declaring a frame of 2^63 bytes makes libzmq
-// try to allocate it.
-static int frame_cap(size_t max_frame) {
-    if (max_frame == 0) return BUS_SEND_ONLY_MAX;
+// ZMQ_MAXMSGSIZE for max_frame (0: no cap, -1 to libzmq). A socket that only sends (PUSH, PUB)
+// still decodes what a peer writes to it: without a cap a junk peer declaring a frame of 2^63
+// bytes makes libzmq try to allocate it, so those take BUS_SEND_ONLY_MAX at most.
+static int frame_cap(int type, size_t max_frame) {
+    if (type == ZMQ_PUSH || type == ZMQ_PUB) return BUS_SEND_ONLY_MAX;
+    if (max_frame == 0) return -1;
     return max_frame > 0x7fffffff ? 0x7fffffff : (int)max_frame;
 }
 
@@ -206,7 +207,7 @@ static zsock_t *make(int type, int hwm, size_t max_frame) {
     zsock_set_sndhwm(s, hwm);
     zsock_set_rcvhwm(s, hwm);
     zsock_set_linger(s, 0);
-    zsock_set_maxmsgsize(s, frame_cap(max_frame));
+    zsock_set_maxmsgsize(s, frame_cap(type, max_frame));
     return s;
 }
 
@@ -247,7 +248,7 @@ zsock_t *bus_bind_public(int type, const char *endpoint, int hwm, size_t max_fra
     zsock_set_sndhwm(s, hwm);
     zsock_set_rcvhwm(s, hwm);
     zsock_set_linger(s, 0);
-    zsock_set_maxmsgsize(s, frame_cap(max_frame));
+    zsock_set_maxmsgsize(s, frame_cap(type, max_frame));
     zcert_apply(sec.self, s);
     zsock_set_curve_server(s, 1);
     if (zmq_bind(s, endpoint) != 0) {

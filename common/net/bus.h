@@ -51,8 +51,8 @@ void bus_tune(zsock_t *s);
 
 // A socket of `type` (ZMQ_PUSH, ZMQ_PULL, ...) bound to endpoint, with send/receive high-water
 // marks `hwm` and incoming frames capped at max_frame bytes (larger frames drop the peer's
-// connection inside libzmq, before any of our code sees them; max_frame 0, a socket that only
-// sends: BUS_SEND_ONLY_MAX, room for subscriptions). NULL + err on failure. Secured:
+// connection inside libzmq, before any of our code sees them; 0: no cap; PUSH and PUB, which
+// only send, take BUS_SEND_ONLY_MAX whatever max_frame says: room for subscriptions). NULL + err on failure. Secured:
 // a CURVE server admitting the cluster's keys only.
 zsock_t *bus_bind(int type, const char *endpoint, int hwm, size_t max_frame, char *err);
 #define BUS_SEND_ONLY_MAX 65536
