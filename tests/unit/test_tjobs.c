@@ -77,20 +77,25 @@ static void job_put(rig_t *r, const char *id, const char *spec, int rank, uint64
     cr_assert_eq(store_hset(r->st, key, 4, f, v, err), 0, "%s", err);
 }
 
-// A scored batch of n_groups groups of G samples drawn with adapter `version`: random prompts of
-// 1..6 tokens, completions of 1..7, behaviour log-probs, rewards in quarters; with env, some
-// tokens of some samples are the environment's (multi-turn episodes).
-static void batch_make(proto_batch_t *b, rng_t *r, const char *job, uint64_t task_id, uint32_t version, int n_groups,
-                       int G, bool env) {
+// The fields of a training batch of n_groups (zeroed) groups for job, task and version.
+static void batch_head(proto_batch_t *b, const char *job, uint64_t task_id, uint32_t version, int n_groups) {
     memset(b, 0, sizeof *b);
     b->task_id = task_id;
     b->job = strdup(job);
     b->adapter_version = version;
     b->kind = PROTO_KIND_TRAIN;
     b->temperature = 1.0f;
-    b->gen_seconds = 0.25 * n_groups;
     b->n_groups = (uint32_t)n_groups;
     b->groups = calloc((size_t)n_groups, sizeof *b->groups);
+}
+
+// A scored batch of n_groups groups of G samples drawn with adapter `version`: random prompts of
+// 1..6 tokens, completions of 1..7, behaviour log-probs, rewards in quarters; with env, some
+// tokens of some samples are the environment's (multi-turn episodes).
+static void batch_make(proto_batch_t *b, rng_t *r, const char *job, uint64_t task_id, uint32_t version, int n_groups,
+                       int G, bool env) {
+    batch_head(b, job, task_id, version, n_groups);
+    b->gen_seconds = 0.25 * n_groups;
     for (int g = 0; g < n_groups; g++) {
         proto_group_t *pg = &b->groups[g];
         pg->index = task_id * 100 + (uint64_t)g;
@@ -555,14 +560,7 @@ Test(tjobs, a_refused_shared_pass_fails_only_its_culprit) {
 // of C, so that every job's step has the same rows.
 static void batch_fixed(proto_batch_t *b, const char *job, uint64_t task_id, uint32_t version, int n_groups, int G,
                         int P, int C) {
-    memset(b, 0, sizeof *b);
-    b->task_id = task_id;
-    b->job = strdup(job);
-    b->adapter_version = version;
-    b->kind = PROTO_KIND_TRAIN;
-    b->temperature = 1.0f;
-    b->n_groups = (uint32_t)n_groups;
-    b->groups = calloc((size_t)n_groups, sizeof *b->groups);
+    batch_head(b, job, task_id, version, n_groups);
     for (int g = 0; g < n_groups; g++) {
         proto_group_t *pg = &b->groups[g];
         pg->n_prompt = (uint32_t)P;
