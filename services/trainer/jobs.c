@@ -461,15 +461,31 @@ static void drop_stale(tjob_t *j) {
     j->n_buf = k;
 }
 
-// Publishes version+1 in ONE Redis transaction: the adapter blob, the version pointer and step,
-// the removal of the version that falls out of the kept window, the optimizer state (every
+// Publishes version+1 in ONE atomic Redis script: the adapter blob, the version pointer and
+// step, the removal of the version that falls out of the kept window, the optimizer state (every
 // optim_every steps) and the step's metrics. A crash leaves either all of it or none, so a
-// restarted trainer never finds metrics or moments that disagree with the adapter.
+// restarted trainer never finds metrics or moments that disagree with the adapter. The script
+// applies only while the job's stored step is below the new one: the store client sends a
+// command again when the connection drops before its reply (store.h), and a publish that had
+// already landed must not add the step's metrics a second time.
 // A step's metrics: at most STEP_METRICS fields.
 #define STEP_METRICS 20
 
+// KEYS: adapter, job, old adapter, optimizer, metrics. ARGV: blob, version, step, drop old (0/1),
+// optimizer state ("" = none), then metric field/value pairs. Returns -1 when applied, else the
+// stored step that made it stand back.
+static const char PUBLISH_LUA[] =
+    "local cur = tonumber(redis.call('HGET', KEYS[2], '" JOB_STEP "') or '0') or 0\n"
+    "if cur >= tonumber(ARGV[3]) then return cur end\n"
+    "redis.call('SET', KEYS[1], ARGV[1])\n"
+    "redis.call('HSET', KEYS[2], '" JOB_VERSION "', ARGV[2], '" JOB_STEP "', ARGV[3])\n"
+    "if ARGV[4] == '1' then redis.call('DEL', KEYS[3]) end\n"
+    "if ARGV[5] ~= '' then redis.call('SET', KEYS[4], ARGV[5]) end\n"
+    "redis.call('XADD', KEYS[5], 'MAXLEN', '~', '10000', '*', unpack(ARGV, 6))\n"
+    "return -1\n";
+
 static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int nm, char *err) {
-    ASSERT(nm >= 0 && nm <= STEP_METRICS);
+    ASSERT(nm >= 1 && nm <= STEP_METRICS);
     lora_t *a = lora_pool_get(engine_pool(t->e), j->slot);
     uint8_t *blob = NULL, *ob = NULL;
     size_t len = 0, ol = 0;
@@ -482,32 +498,40 @@ static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int 
     key_metrics(t->st, kmet, sizeof kmet, j->id);
     snprintf(vs, sizeof vs, "%u", v);
     snprintf(ss, sizeof ss, "%u", j->step + 1);
-    const char *set_argv[3] = {"SET", kad, (const char *)blob};
-    size_t set_lens[3] = {3, strlen(kad), len};
-    const char *h_argv[6] = {"HSET", kjob, JOB_VERSION, vs, JOB_STEP, ss};
-    const char *d_argv[2] = {"DEL", kold};
-    const char *o_argv[3] = {"SET", kopt, NULL};
-    size_t o_lens[3] = {3, strlen(kopt), 0};
-    const char *x_argv[6 + 2 * STEP_METRICS] = {"XADD", kmet, "MAXLEN", "~", "10000", "*"};
-    for (int i = 0; i < nm; i++) x_argv[6 + 2 * i] = mf[i], x_argv[7 + 2 * i] = mv[i];
-    store_argv_t cmds[5] = {{.argc = 3, .argv = set_argv, .lens = set_lens}, {.argc = 6, .argv = h_argv}};
-    int nc = 2;
-    if (v >= (uint32_t)t->cfg.keep_versions) {
-        key_adapter(t->st, kold, sizeof kold, j->id, v - (uint32_t)t->cfg.keep_versions);
-        cmds[nc++] = (store_argv_t){.argc = 2, .argv = d_argv};
+    bool drop_old = v >= (uint32_t)t->cfg.keep_versions;
+    if (drop_old) key_adapter(t->st, kold, sizeof kold, j->id, v - (uint32_t)t->cfg.keep_versions);
+    else snprintf(kold, sizeof kold, "%s", kad);   // a key of this job, not touched (ARGV[4] = 0)
+    if ((j->step + 1) % (uint32_t)t->cfg.optim_every == 0) optim_serialize(j->opt, &ob, &ol);
+    enum { NFIX = 13 };
+    const char *argv[NFIX + 2 * STEP_METRICS] = {"EVAL", PUBLISH_LUA, "5", kad, kjob, kold, kopt, kmet,
+                                                 (const char *)blob, vs, ss, drop_old ? "1" : "0",
+                                                 ob ? (const char *)ob : ""};
+    size_t lens[NFIX + 2 * STEP_METRICS];
+    for (int i = 0; i < NFIX; i++) lens[i] = strlen(argv[i]);
+    lens[8] = len;
+    lens[12] = ob ? ol : 0;
+    for (int i = 0; i < nm; i++) {
+        argv[NFIX + 2 * i] = mf[i], argv[NFIX + 1 + 2 * i] = mv[i];
+        lens[NFIX + 2 * i] = strlen(mf[i]), lens[NFIX + 1 + 2 * i] = strlen(mv[i]);
     }
-    if ((j->step + 1) % (uint32_t)t->cfg.optim_every == 0) {
-        optim_serialize(j->opt, &ob, &ol);
-        o_argv[2] = (const char *)ob;
-        o_lens[2] = ol;
-        cmds[nc++] = (store_argv_t){.argc = 3, .argv = o_argv, .lens = o_lens};
-    }
-    cmds[nc++] = (store_argv_t){.argc = 6 + 2 * nm, .argv = x_argv};
-    redisReply *r = store_atomic(t->st, nc, cmds, err);
+    redisReply *r = store_cmdv(t->st, NFIX + 2 * nm, argv, lens, err);
     free(blob);
     free(ob);
     if (!r) return -1;
+    if (r->type != REDIS_REPLY_INTEGER) {
+        int type = r->type;
+        freeReplyObject(r);
+        return err_set(err, "redis EVAL (publish): the script answered a reply of type %d, not an integer", type);
+    }
+    long long got = r->integer;
     freeReplyObject(r);
+    if (got == (long long)j->step + 1) {
+        logj_info(j->id, "step %u was already in the store (a publish sent again after a lost connection had landed)",
+                  j->step + 1);
+    } else if (got != -1) {
+        return err_set(err, "the store holds step %lld for this job while this trainer publishes step %u: is another "
+                       "trainer running the job? (check the trainers' logs for it)", got, j->step + 1);
+    }
     j->version = v;
     j->step++;
     return 0;

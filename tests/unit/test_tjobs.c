@@ -11,11 +11,15 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -338,6 +342,136 @@ Test(tjobs, a_task_delivered_twice_is_used_once) {
     cr_assert_eq(tjobs_step(t, res, 2), 1);
     cr_assert(!res[0].failed && res[0].version == 1, "%s", res[0].error);
     tjobs_destroy(&t);
+    rig_close(&r);
+}
+
+// --- a publish whose reply is lost --------------------------------------------------------------
+
+// A TCP relay in front of the test's redis-server that, once armed, forwards the next command
+// holding "EVAL" or "EXEC" (a script or a transaction) and Redis's answer to it never: it closes the client's connection instead, as a
+// network cut or a killed Redis between the command's effect and its reply would.
+typedef struct {
+    int lfd, port;
+    volatile int armed, cut, stop;
+    pthread_t th;
+} relay_t;
+
+static int relay_pump(int from, int to, char *buf, size_t cap, ssize_t *got) {
+    *got = read(from, buf, cap);
+    if (*got <= 0) return -1;
+    for (ssize_t o = 0; o < *got;) {
+        ssize_t w = write(to, buf + o, (size_t)(*got - o));
+        if (w <= 0) return -1;
+        o += w;
+    }
+    return 0;
+}
+
+static void *relay_run(void *arg) {
+    relay_t *rl = arg;
+    static char buf[1 << 16];
+    while (!rl->stop) {
+        struct pollfd pa = {.fd = rl->lfd, .events = POLLIN};
+        if (poll(&pa, 1, 50) <= 0) continue;
+        int c = accept(rl->lfd, NULL, NULL);
+        if (c < 0) continue;
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)tr_redis.port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a)) {
+            close(c);
+            if (s >= 0) close(s);
+            continue;
+        }
+        bool held = false;   // an armed command went to Redis: its reply is swallowed, then the cut
+        while (!rl->stop) {
+            struct pollfd p[2] = {{.fd = c, .events = POLLIN}, {.fd = s, .events = POLLIN}};
+            if (poll(p, 2, 50) <= 0) continue;
+            ssize_t got;
+            if (p[0].revents) {
+                if (relay_pump(c, s, buf, sizeof buf, &got)) break;
+                if (rl->armed && (memmem(buf, (size_t)got, "EVAL", 4) || memmem(buf, (size_t)got, "EXEC", 4))) held = true, rl->armed = 0;
+            }
+            if (p[1].revents) {
+                if (held) {
+                    got = read(s, buf, sizeof buf);   // the script has run: its answer is lost
+                    rl->cut++;
+                    break;
+                }
+                if (relay_pump(s, c, buf, sizeof buf, &got)) break;
+            }
+        }
+        close(c);
+        close(s);
+    }
+    return NULL;
+}
+
+static void relay_open(relay_t *rl) {
+    memset(rl, 0, sizeof *rl);
+    rl->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    cr_assert(rl->lfd >= 0 && bind(rl->lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(rl->lfd, 4) == 0 &&
+                  getsockname(rl->lfd, (struct sockaddr *)&a, &len) == 0,
+              "relay: %s", strerror(errno));
+    rl->port = ntohs(a.sin_port);
+    cr_assert_eq(pthread_create(&rl->th, NULL, relay_run, rl), 0);
+}
+
+static void relay_close(relay_t *rl) {
+    rl->stop = 1;
+    pthread_join(rl->th, NULL);
+    close(rl->lfd);
+}
+
+static long long job_metric_entries(rig_t *r, const char *id) {
+    char key[256], err[ERR_LEN];
+    store_key(r->st, key, sizeof key, "metrics:%s", id);
+    redisReply *x = store_cmd(r->st, err, "XLEN %s", key);
+    cr_assert_not_null(x, "%s", err);
+    long long n = x->integer;
+    freeReplyObject(x);
+    return n;
+}
+
+// The store client sends a command again when the connection drops before its reply (store.h).
+// A step whose publish landed but whose answer was lost is therefore sent twice: it must count
+// once (one metrics entry per step, the step and version advanced by one), and the next step
+// follows on.
+Test(tjobs, a_publish_sent_again_after_a_lost_reply_counts_once) {
+    rig_t r;
+    rng_t rng;
+    relay_t rl;
+    char err[ERR_LEN];
+    rig_open(&r, 2, "resend:");
+    job_put(&r, "j1", "{\"task\":\"add1\",\"prompts\":1,\"group\":2,\"lr\":0.01,\"rank\":1}", 1, 7);
+    relay_open(&rl);
+    store_t *via = store_new("127.0.0.1", rl.port, "resend:", err);
+    cr_assert_not_null(via, "%s", err);
+    tjobs_cfg_t cfg = {.max_jobs = 2, .keep_versions = 2, .optim_every = 1, .pass_rows = 1 << 20, .shared_prefix = true};
+    tjobs_t *t = tjobs_new(r.e, via, &cfg, err);
+    cr_assert_not_null(t, "%s", err);
+    rng_seed(&rng, 3);
+    tjobs_result_t res[2];
+    for (uint32_t step = 1; step <= 2; step++) {
+        add(&r, t, &rng, "j1", 40 + step, step - 1, 1, 2, false);
+        rl.armed = step == 1;
+        cr_assert_eq(tjobs_step(t, res, 2), 1);
+        cr_assert(!res[0].failed && res[0].step == step && res[0].version == step, "step %u: %s", step, res[0].error);
+        cr_assert_eq(job_metric_entries(&r, "j1"), step, "step %u: %lld metrics entries", step,
+                     job_metric_entries(&r, "j1"));
+        char key[256], *sv = NULL;
+        size_t n = 0;
+        store_key(r.st, key, sizeof key, "job:%s", "j1");
+        cr_assert_eq(store_hget(r.st, key, "step", &sv, &n, err), 0, "%s", err);
+        cr_assert_eq(strtoul(sv, NULL, 10), step, "stored step %s", sv);
+        free(sv);
+    }
+    cr_assert_eq(rl.cut, 1, "the relay cut %d replies", rl.cut);
+    tjobs_destroy(&t);
+    store_destroy(&via);
+    relay_close(&rl);
     rig_close(&r);
 }
 
