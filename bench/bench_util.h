@@ -4,6 +4,7 @@
 #define MARLAAS_BENCH_UTIL_H
 
 #include <cblas.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,59 @@ static inline double bench_sgemm_gflops(int M, int N, int K, double seconds) {
     } while ((t = util_now() - t0) < seconds);
     free(A), free(B), free(C);
     return 2.0 * M * N * K * reps / t / 1e9;
+}
+
+// Bytes of the read-bandwidth buffer: twice the last-level cache, at least 256 MiB.
+static inline size_t bench_read_buffer_bytes(void) {
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (llc <= 0) llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    size_t b = llc > 0 ? 2 * (size_t)llc : 0;
+    return b < ((size_t)256 << 20) ? (size_t)256 << 20 : b;
+}
+
+// The sum of n floats (n a multiple of 64) with four independent vector accumulators: bound by
+// the memory, not by the latency of one addition chain. Compiled for the widest vectors the CPU
+// has (chosen at run time, like the kernels).
+typedef float bench_v16 __attribute__((vector_size(64)));
+__attribute__((target_clones("avx512f", "avx2", "default"))) static float bench_read_sum(const float *a, size_t n) {
+    bench_v16 acc[4] = {{0}};
+    for (size_t i = 0; i + 64 <= n; i += 64) {
+        bench_v16 x[4];
+        memcpy(x, a + i, sizeof x);
+        acc[0] += x[0], acc[1] += x[1], acc[2] += x[2], acc[3] += x[3];
+    }
+    bench_v16 s = acc[0] + acc[1] + acc[2] + acc[3];
+    float t = 0;
+    for (int j = 0; j < 16; j++) t += s[j];
+    return t;
+}
+
+// GB/s of a vectorised read of bench_read_buffer_bytes() on `threads` threads (each reads its
+// contiguous share), the best of rounds over `seconds`: the bound a bandwidth-bound phase (decode
+// at small batch) is measured against.
+static inline double bench_read_gbs(int threads, double seconds) {
+    size_t bytes = bench_read_buffer_bytes(), n = bytes / sizeof(float) / 64 * 64;
+    float *a = falloc(n);
+    for (size_t i = 0; i < n; i++) a[i] = (float)(i & 7);
+    double best = 0, t_end = util_now() + seconds;
+    volatile float sink = 0;
+    for (int round = 0; round < 3 || util_now() < t_end; round++) {
+        double t0 = util_now();
+        float tot = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : tot)
+        {
+            size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
+            size_t lo = n / 64 * id / nt * 64, hi = n / 64 * (id + 1) / nt * 64;
+            tot += bench_read_sum(a + lo, hi - lo);
+        }
+        double t = util_now() - t0;
+        sink += tot;
+        if (round > 0 && (double)(n * sizeof(float)) / t / 1e9 > best) best = (double)(n * sizeof(float)) / t / 1e9;
+        if (round > 50) break;
+    }
+    (void)sink;
+    free(a);
+    return best;
 }
 
 #endif

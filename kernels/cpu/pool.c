@@ -1,0 +1,234 @@
+// pool.c - the CPU backend's thread pool (pool.h).
+//
+// State of the loop in flight: `claim` packs the loop's generation (high 32 bits) with the next
+// unclaimed item (low 32 bits), so a worker still holding a finished loop's generation can never
+// claim an item of the next loop: its compare-and-swap fails. The loop's fields (fn, ctx, n,
+// grain) are written before the generation is published and read by a worker after it has seen
+// that generation; a worker that read them while the caller was already writing the next loop's
+// cannot use them, for the same reason. The caller returns when `done` reaches n, and a chunk is
+// counted done only after it was computed, so ctx outlives every chunk.
+//
+// Waiting: a worker spins on the generation for SPIN_NS, then sleeps on it (futex); the caller
+// wakes sleepers only when there are some. The caller, once no chunk is left to claim, spins on
+// `done` for SPIN_NS, then sleeps on it; the worker that completes the last chunk wakes it.
+#include "kernels/cpu/pool.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_THREADS 256
+// How long an idle thread spins before it sleeps: longer than the gap between two loops of one
+// engine step (microseconds), far shorter than a scheduler time slice (milliseconds).
+#define SPIN_NS 50000
+
+static struct {
+    pthread_mutex_t lock;   // one loop at a time (trylock: a second caller runs alone)
+    pthread_once_t once;
+    _Atomic int threads;    // computing threads, the caller included
+    int started;            // workers running
+    pthread_t tid[MAX_THREADS];
+
+    _Atomic uint32_t gen;          // the loop's generation (futex word of the workers)
+    _Atomic uint64_t claim;        // gen << 32 | next item
+    _Atomic uint32_t done;         // items computed (futex word of the caller)
+    _Atomic int sleepers;          // workers asleep on gen
+    _Atomic int caller_sleeps;     // the caller asleep on done
+    _Atomic(void (*)(void *, size_t, size_t)) fn;
+    _Atomic(void *) ctx;
+    _Atomic uint32_t n, grain;
+
+    _Atomic unsigned long long by_caller, by_workers;
+} P = {.lock = PTHREAD_MUTEX_INITIALIZER, .once = PTHREAD_ONCE_INIT};
+
+static _Thread_local bool in_chunk;   // nested loops run on their caller
+
+static long futex(_Atomic uint32_t *w, int op, uint32_t val) {
+    return syscall(SYS_futex, (uint32_t *)w, op | FUTEX_PRIVATE_FLAG, val, NULL, NULL, 0);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static int env_threads(void) {
+    const char *s = getenv("MARLAAS_THREADS");
+    if (s && *s) {
+        int n = atoi(s);
+        if (n >= 1 && n <= MAX_THREADS) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
+}
+
+// Claims and computes chunks of loop `gen` until none is left; returns the number of chunks run.
+static unsigned long long work(uint32_t gen, void (*fn)(void *, size_t, size_t), void *ctx, uint32_t n,
+                               uint32_t grain) {
+    unsigned long long chunks = 0;
+    uint64_t c = atomic_load_explicit(&P.claim, memory_order_acquire);
+    for (;;) {
+        if ((uint32_t)(c >> 32) != gen) break;
+        uint32_t lo = (uint32_t)c;
+        if (lo >= n) break;
+        uint32_t hi = n - lo > grain ? lo + grain : n;
+        if (!atomic_compare_exchange_weak_explicit(&P.claim, &c, (uint64_t)gen << 32 | hi, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        in_chunk = true;
+        fn(ctx, lo, hi);
+        in_chunk = false;
+        chunks++;
+        // seq_cst here and on the caller's side (caller_sleeps, then done): one of the two sees the
+        // other, so the caller never sleeps through the last chunk
+        uint32_t d = atomic_fetch_add(&P.done, hi - lo) + (hi - lo);
+        if (d == n && atomic_load(&P.caller_sleeps)) futex(&P.done, FUTEX_WAKE, 1);
+        c = atomic_load_explicit(&P.claim, memory_order_acquire);
+    }
+    return chunks;
+}
+
+static void *worker(void *arg) {
+    int index = (int)(intptr_t)arg;   // 0 for the first worker: it computes while threads >= 2
+    uint32_t seen = atomic_load_explicit(&P.gen, memory_order_acquire);
+    for (;;) {
+        uint32_t g = atomic_load_explicit(&P.gen, memory_order_acquire);
+        if (g == seen) {
+            uint64_t t0 = now_ns();
+            unsigned spins = 0;
+            while ((g = atomic_load_explicit(&P.gen, memory_order_acquire)) == seen) {
+                cpu_relax();
+                if ((++spins & 255) == 0 && now_ns() - t0 > SPIN_NS) break;
+            }
+            if (g == seen) {
+                // seq_cst with the caller's gen store then sleepers load (see kpool_for); the kernel
+                // sleeps only while gen still equals seen
+                atomic_fetch_add(&P.sleepers, 1);
+                futex(&P.gen, FUTEX_WAIT, seen);
+                atomic_fetch_sub(&P.sleepers, 1);
+                continue;
+            }
+        }
+        seen = g;
+        if (index >= atomic_load(&P.threads) - 1) continue;   // beyond kpool_set_threads' figure
+        void (*fn)(void *, size_t, size_t) = atomic_load_explicit(&P.fn, memory_order_acquire);
+        void *ctx = atomic_load_explicit(&P.ctx, memory_order_acquire);
+        uint32_t n = atomic_load_explicit(&P.n, memory_order_acquire), grain = atomic_load_explicit(&P.grain, memory_order_acquire);
+        if (fn && grain) atomic_fetch_add_explicit(&P.by_workers, work(g, fn, ctx, n, grain), memory_order_relaxed);
+    }
+    return NULL;
+}
+
+static void pool_init(void) {
+    if (!atomic_load(&P.threads)) atomic_store(&P.threads, env_threads());
+}
+
+// Starts workers up to threads - 1 (under P.lock).
+static void ensure_workers(void) {
+    while (P.started < P.threads - 1) {
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setstacksize(&a, (size_t)8 << 20);
+        int rc = pthread_create(&P.tid[P.started], &a, worker, (void *)(intptr_t)P.started);
+        pthread_attr_destroy(&a);
+        if (rc) {
+            fprintf(stderr, "marlaas: kernels: cannot start a compute thread (%d running): errno %d; the pool runs "
+                    "with fewer\n", P.started + 1, rc);
+            P.threads = P.started + 1;
+            return;
+        }
+        pthread_detach(P.tid[P.started]);
+        P.started++;
+    }
+}
+
+// The loop on its caller alone, chunk by chunk (a chunk never exceeds the grain).
+static void inline_loop(size_t n, size_t grain, void (*fn)(void *ctx, size_t lo, size_t hi), void *ctx) {
+    for (size_t lo = 0; lo < n; lo += grain) fn(ctx, lo, n - lo > grain ? lo + grain : n);
+}
+
+void kpool_for(size_t n, size_t grain, void (*fn)(void *ctx, size_t lo, size_t hi), void *ctx) {
+    if (n == 0) return;
+    if (grain < 1) grain = 1;
+    pthread_once(&P.once, pool_init);
+    if (n <= grain || P.threads <= 1 || in_chunk || n > UINT32_MAX || grain > UINT32_MAX ||
+        pthread_mutex_trylock(&P.lock) != 0) {
+        inline_loop(n, grain, fn, ctx);
+        return;
+    }
+    ensure_workers();
+    if (P.started == 0) {
+        pthread_mutex_unlock(&P.lock);
+        inline_loop(n, grain, fn, ctx);
+        return;
+    }
+    uint32_t g = atomic_load_explicit(&P.gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&P.fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&P.ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&P.n, (uint32_t)n, memory_order_relaxed);
+    atomic_store_explicit(&P.grain, (uint32_t)grain, memory_order_relaxed);
+    atomic_store_explicit(&P.done, 0, memory_order_relaxed);
+    atomic_store_explicit(&P.claim, (uint64_t)g << 32, memory_order_release);
+    atomic_store(&P.gen, g);
+    if (atomic_load(&P.sleepers)) futex(&P.gen, FUTEX_WAKE, INT_MAX);
+    atomic_fetch_add_explicit(&P.by_caller, work(g, fn, ctx, (uint32_t)n, (uint32_t)grain), memory_order_relaxed);
+    // every chunk is claimed: wait for those still being computed
+    uint64_t t0 = now_ns();
+    unsigned spins = 0;
+    uint32_t d;
+    while ((d = atomic_load_explicit(&P.done, memory_order_acquire)) != (uint32_t)n) {
+        cpu_relax();
+        if ((++spins & 255) || now_ns() - t0 < SPIN_NS) continue;
+        atomic_store(&P.caller_sleeps, 1);
+        d = atomic_load(&P.done);
+        if (d != (uint32_t)n) futex(&P.done, FUTEX_WAIT, d);
+        atomic_store(&P.caller_sleeps, 0);
+        t0 = now_ns();
+    }
+    pthread_mutex_unlock(&P.lock);
+}
+
+size_t kpool_grain(size_t n, int per_thread, size_t min_grain) {
+    pthread_once(&P.once, pool_init);
+    size_t chunks = (size_t)P.threads * (size_t)(per_thread > 0 ? per_thread : 1);
+    size_t g = (n + chunks - 1) / chunks;
+    return g < min_grain ? (min_grain ? min_grain : 1) : g;
+}
+
+int kpool_threads(void) {
+    pthread_once(&P.once, pool_init);
+    return P.threads;
+}
+
+void kpool_set_threads(int n) {
+    pthread_once(&P.once, pool_init);
+    if (n < 1) n = 1;
+    if (n > MAX_THREADS) n = MAX_THREADS;
+    pthread_mutex_lock(&P.lock);
+    // workers started before and now beyond n skip the loops they are woken for
+    atomic_store(&P.threads, n);
+    pthread_mutex_unlock(&P.lock);
+}
+
+void kpool_stats(unsigned long long *by_caller, unsigned long long *by_workers) {
+    if (by_caller) *by_caller = atomic_load(&P.by_caller);
+    if (by_workers) *by_workers = atomic_load(&P.by_workers);
+}
