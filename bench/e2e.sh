@@ -12,7 +12,7 @@
 #                 (sampled every second from the services' heartbeats in Redis and /proc)
 #   jobs.csv      job, task, status, eval accuracy before / after, first / last step time
 #   steps.csv     t, job, task, step, reward, staleness (from the trainer's step log lines)
-#   run.csv       one summary row (see HEADER below)
+#   run.csv       one summary row (see HEADER below; svc_cpu_s: CPU-seconds of the four services)
 #   logs/         the services' logs
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ read -r -a TASK_LIST <<< "${TASKS:?TASKS must list the tasks}"
 D="$OUT/$LABEL-n$N"
 rm -rf "$D"
 mkdir -p "$D"
-HEADER="policy,n,wall_s,steady_s,roll_busy,roll_cpu,train_busy,train_cpu,roll_busy_steady,roll_cpu_steady,train_busy_steady,train_cpu_steady,tokens,tokens_per_s,steps,steps_per_s,acc0_mean,acc_mean,done"
+HEADER="policy,n,wall_s,steady_s,roll_busy,roll_cpu,train_busy,train_cpu,roll_busy_steady,roll_cpu_steady,train_busy_steady,train_cpu_steady,tokens,tokens_per_s,steps,steps_per_s,acc0_mean,acc_mean,done,svc_cpu_s"
 
 # INSECURE=1: plain links (the cost of CURVE is the difference)
 UP_FLAGS=()
@@ -81,6 +81,11 @@ WALL=$(awk -v a="$T0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.2f", b - a}')
 sleep 1.2   # one more heartbeat with the final counters
 kill "$SAMPLER" 2>/dev/null || true
 wait "$SAMPLER" 2>/dev/null || true
+# the compute the run cost: CPU-seconds (user + system) of the four services, start to end
+SVC_CPU=0
+for s in rollout trainer verifier scheduler; do
+    SVC_CPU=$(awk -v a="$SVC_CPU" -v b="$(cpu "$(svc_pid "$s")")" 'BEGIN {printf "%.2f", a + b}')
+done
 
 # Log lines start with an ISO-8601 UTC time; logt prints it in seconds since T0.
 LOGT='function logt(ts,   d, c, e, cmd) {
@@ -129,14 +134,15 @@ read -r S0 S1 < <(awk -F, -v pol="$POLICY" 'NR > 1 {
         else {if ($6 < a || a == "") a = $6; if ($7 > b || b == "") b = $7}
     } END {print a + 0, b + 0}' "$D/jobs.csv")
 STEPS_DONE=$(($(wc -l < "$D/steps.csv") - 1))
-awk -F, -v pol="$LABEL" -v n="$N" -v wall="$WALL" -v nsteps="$STEPS_DONE" -v s0="$S0" -v s1="$S1" -v ok="$ok" -v hdr="$HEADER" '
+awk -F, -v pol="$LABEL" -v n="$N" -v wall="$WALL" -v nsteps="$STEPS_DONE" -v s0="$S0" -v s1="$S1" -v ok="$ok" -v hdr="$HEADER" \
+    -v svc="$SVC_CPU" '
     function frac(db, du) {return du > 0 ? db / du : 0}
     FILENAME ~ /timeline/ && FNR > 1 && $2 != "" && $7 != "" {
         k++; t[k] = $1; rb[k] = $2; ru[k] = $3; tok[k] = $4; rc[k] = $5; tb[k] = $6; tu[k] = $7; st[k] = $8; tc[k] = $9
     }
     FILENAME ~ /jobs/ && FNR > 1 {m++; a0 += $4; a1 += $5}
     END {
-        if (k < 2) {print hdr; printf "%s,%d,%.2f,,,,,,,,,,,,,,,,%d\n", pol, n, wall, ok; exit}
+        if (k < 2) {print hdr; printf "%s,%d,%.2f,,,,,,,,,,,,,,,,%d,%.2f\n", pol, n, wall, ok, svc; exit}
         # samples bracketing the steady span
         i0 = 1; for (i = 1; i <= k; i++) if (t[i] <= s0) i0 = i
         i1 = k; for (i = k; i >= 1; i--) if (t[i] >= s1) i1 = i
@@ -146,11 +152,11 @@ awk -F, -v pol="$LABEL" -v n="$N" -v wall="$WALL" -v nsteps="$STEPS_DONE" -v s0=
         if (i1 - i0 < 3) sst = ",,,"
         else sst = sprintf("%.4f,%.4f,%.4f,%.4f", frac(rb[i1] - rb[i0], ru[i1] - ru[i0]), frac(rc[i1] - rc[i0], dt),
                           frac(tb[i1] - tb[i0], tu[i1] - tu[i0]), frac(tc[i1] - tc[i0], dt))
-        printf "%s,%d,%.2f,%.2f,%.4f,%.4f,%.4f,%.4f,%s,%d,%.1f,%d,%.3f,%.4f,%.4f,%d\n",
+        printf "%s,%d,%.2f,%.2f,%.4f,%.4f,%.4f,%.4f,%s,%d,%.1f,%d,%.3f,%.4f,%.4f,%d,%.2f\n",
             pol, n, wall, s1 - s0,
             frac(rb[k] - rb[1], ru[k] - ru[1]), frac(rc[k] - rc[1], t[k] - t[1]),
             frac(tb[k] - tb[1], tu[k] - tu[1]), frac(tc[k] - tc[1], t[k] - t[1]), sst,
-            tok[k], tok[k] / wall, nsteps, nsteps / wall, (m ? a0 / m : 0), (m ? a1 / m : 0), ok
+            tok[k], tok[k] / wall, nsteps, nsteps / wall, (m ? a0 / m : 0), (m ? a1 / m : 0), ok, svc
     }' "$D/timeline.csv" "$D/jobs.csv" > "$D/run.csv"
 cat "$D/run.csv" | tail -n 1
 [ "$ok" = 1 ] || { echo "e2e: $POLICY N=$N: not every job finished (see $D/jobs.csv, $D/logs)" >&2; exit 1; }

@@ -105,6 +105,17 @@ T4=$(pf "$(awk -v w="$QWORST" -v n="$QN" 'BEGIN {print (n > 0 && w >= -0.08)}')"
 # cores with no batching gain at all
 BOUND=$(awk -F, -v n="$NMAX" 'NR == 1 {for (i = 1; i <= NF; i++) c[$i] = i; next}
     $1 == "sync" && $2 == n {printf "%.3f", ($(c["roll_cpu"]) + $(c["train_cpu"])) / 2}' e2e.csv)
+# The work-conserving bound of a run of N jobs: the CPU-seconds all four services used in the sync
+# run of N spread over every core (no idle core, no batching gain): async can only beat it by
+# making each token cheaper.
+CORES=$(meta cores)
+bound_s() {
+    awk -F, -v n="$1" -v cores="$CORES" 'NR == 1 {for (i = 1; i <= NF; i++) c[$i] = i; next}
+        $1 == "sync" && $2 == n && ("svc_cpu_s" in c) && $(c["svc_cpu_s"]) != "" {printf "%.2f", $(c["svc_cpu_s"]) / cores}' e2e.csv
+}
+WB=$(bound_s "$NMAX")
+T6=$(pf "$(awk -v a="$WA" -v b="$WB" 'BEGIN {print (b > 0 && a <= 1.15 * b)}')")
+T7=$(pf "$(awk -v r="$RATIO" 'BEGIN {print (r != "" && r <= 0.55)}')")
 
 # --- report -----------------------------------------------------------------------------------
 {
@@ -125,6 +136,8 @@ echo
 echo "| target | measured | result |"
 echo "|---|---|---|"
 echo "| async end-to-end time <= 10 % of sync | $(pct "$RATIO") ($WA s vs $WS s) | $T1 |"
+echo "| async end-to-end time <= 1.15x the work-conserving bound | $(awk -v a="$WA" -v b="$WB" 'BEGIN {if (b > 0) printf "%.2fx (%s s vs bound %s s)", a / b, a, b; else print "no bound (sync run lacks svc_cpu_s)"}') | $T6 |"
+echo "| async end-to-end time <= 55 % of sync | $(pct "$RATIO") | $T7 |"
 echo "| rollout busy >= 90 % in async steady state | $(pct "$RB") | $T2R |"
 echo "| trainer busy >= 90 % in async steady state | $(pct "$TB") | $T2T |"
 echo "| mean per-job accuracy difference async - sync within 3 points | $(awk -v m="$QMEAN" 'BEGIN {printf "%+.1f points", 100 * m}') over $QN jobs | $T3 |"
@@ -145,15 +158,19 @@ echo "token cheaper (section 4 measures that for the trainer, section 3 for the 
 echo
 echo "## 1. End to end"
 echo
-echo "| N | policy | wall s | async / sync | rollout busy (own / CPU) | trainer busy (own / CPU) | steady-state busy rollout / trainer | tokens/s | steps/s | mean accuracy before -> after |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
-awk -F, 'NR == 1 {for (i = 1; i <= NF; i++) c[$i] = i; next}
-    {k++; row[k] = $0; wall[$1, $2] = $(c["wall_s"])}
+echo "Work-conserving bound of N jobs: the CPU-seconds of the four services in the sync run of N divided by the"
+echo "$CORES cores, i.e. the time the same work takes with no core ever idle and no batching gain."
+echo
+echo "| N | policy | wall s | async / sync | bound s | wall / bound | rollout busy (own / CPU) | trainer busy (own / CPU) | steady-state busy rollout / trainer | tokens/s | steps/s | mean accuracy before -> after |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+awk -F, -v cores="$CORES" 'NR == 1 {for (i = 1; i <= NF; i++) c[$i] = i; next}
+    {k++; row[k] = $0; wall[$1, $2] = $(c["wall_s"]); if ($1 == "sync" && ("svc_cpu_s" in c)) bnd[$2] = $(c["svc_cpu_s"]) / cores}
     END {for (i = 1; i <= k; i++) {split(row[i], f, ",")
         r = (("sync", f[2]) in wall && wall["sync", f[2]] > 0) ? sprintf("%.0f%%", 100 * f[c["wall_s"]] / wall["sync", f[2]]) : "-"
         st = (f[c["roll_busy_steady"]] == "") ? "- (run too short)" : sprintf("%.0f%% / %.0f%%", 100 * f[c["roll_busy_steady"]], 100 * f[c["train_busy_steady"]])
-        printf "| %s | %s | %.1f | %s | %.0f%% / %.0f%% | %.0f%% / %.0f%% | %s | %.0f | %.1f | %.1f%% -> %.1f%% |\n",
-            f[2], f[1], f[c["wall_s"]], r, 100 * f[c["roll_busy"]], 100 * f[c["roll_cpu"]], 100 * f[c["train_busy"]],
+        b = (f[2] in bnd && bnd[f[2]] > 0) ? sprintf("%.1f | %.2fx", bnd[f[2]], f[c["wall_s"]] / bnd[f[2]]) : "- | -"
+        printf "| %s | %s | %.1f | %s | %s | %.0f%% / %.0f%% | %.0f%% / %.0f%% | %s | %.0f | %.1f | %.1f%% -> %.1f%% |\n",
+            f[2], f[1], f[c["wall_s"]], r, b, 100 * f[c["roll_busy"]], 100 * f[c["roll_cpu"]], 100 * f[c["train_busy"]],
             100 * f[c["train_cpu"]], st,
             f[c["tokens_per_s"]], f[c["steps_per_s"]], 100 * f[c["acc0_mean"]], 100 * f[c["acc_mean"]]}}' e2e.csv | sort -t'|' -k2,2n -s
 echo
