@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "kernels/kernels.h"
+#include "kernels/cpu/pool.h"
 
 // --- OpenBLAS's kernel set -------------------------------------------------------------------
 // OpenBLAS picks its kernels from the CPU's family and model when the library loads. A model its
@@ -94,6 +95,23 @@ static void cpu_copy(void *dst, const void *src, size_t bytes) {
 static void cpu_zero(void *p, size_t bytes) {
     if (bytes) memset(p, 0, bytes);
 }
+
+// --- parallel loops --------------------------------------------------------------------------
+// Every parallel loop runs on the backend's pool (kernels/cpu/pool.h): chunks that whoever is
+// running takes, so a thread the scheduler has taken away delays nothing but its own chunk.
+// par_for runs fn over [0, n) on the caller when n <= serial (too little work to share), else on
+// the pool in about four chunks per thread of at least min_grain items.
+static void par_for(size_t n, size_t serial, size_t min_grain, void (*fn)(void *, size_t, size_t), void *ctx) {
+    if (n == 0) return;
+    if (n <= serial || kpool_threads() == 1) {
+        fn(ctx, 0, n);
+        return;
+    }
+    kpool_for(n, kpool_grain(n, 4, min_grain), fn, ctx);
+}
+
+// Elementwise loops share from this many items on.
+#define PAR_ELEMS 65536
 
 // --- dense ---------------------------------------------------------------------------------
 
@@ -261,28 +279,80 @@ static void cpu_gemm_bf16w(bool trans_w, int M, int N, int K, float alpha, const
     }
 }
 
+typedef struct {
+    float alpha;
+    const float *x;
+    float *y;
+} axpy_t;
+
+static void axpy_chunk(void *c_, size_t lo, size_t hi) {
+    const axpy_t *c = c_;
+    for (size_t i = lo; i < hi; i++) c->y[i] += c->alpha * c->x[i];
+}
+
 static void cpu_axpy(size_t n, float alpha, const float *x, float *y) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) y[i] += alpha * x[i];
+    axpy_t c = {alpha, x, y};
+    par_for(n, PAR_ELEMS, PAR_ELEMS / 4, axpy_chunk, &c);
+}
+
+static void scale_chunk(void *c_, size_t lo, size_t hi) {
+    const axpy_t *c = c_;
+    for (size_t i = lo; i < hi; i++) c->y[i] *= c->alpha;
 }
 
 static void cpu_scale(size_t n, float alpha, float *x) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) x[i] *= alpha;
+    axpy_t c = {alpha, NULL, x};
+    par_for(n, PAR_ELEMS, PAR_ELEMS / 4, scale_chunk, &c);
+}
+
+// Reductions: one partial result per chunk, combined in chunk order, so the result depends on the
+// chunking (fixed by n and the thread count), never on which thread ran what. One thread: one
+// chunk, the plain loop.
+typedef struct {
+    const float *x;
+    size_t grain;
+    double *part;
+    int *bad;
+} reduce_t;
+
+static size_t reduce_grain(size_t n) { return kpool_threads() == 1 || n <= PAR_ELEMS ? n : kpool_grain(n, 4, PAR_ELEMS / 4); }
+
+static void sumsq_chunk(void *c_, size_t lo, size_t hi) {
+    const reduce_t *c = c_;
+    double s = 0.0;
+    for (size_t i = lo; i < hi; i++) s += (double)c->x[i] * c->x[i];
+    c->part[lo / c->grain] = s;
 }
 
 static double cpu_sumsq(size_t n, const float *x) {
+    if (n == 0) return 0.0;
+    size_t grain = reduce_grain(n), nc = (n + grain - 1) / grain;
+    double one, *part = nc == 1 ? &one : malloc(sizeof(double) * nc);
+    if (!part) {
+        fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
+        abort();
+    }
+    reduce_t c = {.x = x, .grain = grain, .part = part};
+    if (nc == 1) sumsq_chunk(&c, 0, n);
+    else kpool_for(n, grain, sumsq_chunk, &c);
     double s = 0.0;
-#pragma omp parallel for reduction(+ : s) schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    for (size_t i = 0; i < nc; i++) s += part[i];
+    if (part != &one) free(part);
     return s;
+}
+
+static void finite_chunk(void *c_, size_t lo, size_t hi) {
+    const reduce_t *c = c_;
+    int bad = 0;
+    for (size_t i = lo; i < hi; i++) bad |= !isfinite(c->x[i]);
+    if (bad) __atomic_store_n(c->bad, 1, __ATOMIC_RELAXED);
 }
 
 static bool cpu_all_finite(size_t n, const float *x) {
     int bad = 0;
-#pragma omp parallel for reduction(| : bad) schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) bad |= !isfinite(x[i]);
-    return !bad;
+    reduce_t c = {.x = x, .bad = &bad};
+    par_for(n, PAR_ELEMS, PAR_ELEMS / 4, finite_chunk, &c);
+    return !__atomic_load_n(&bad, __ATOMIC_RELAXED);
 }
 
 // --- transformer pieces ----------------------------------------------------------------------
@@ -297,14 +367,40 @@ static inline __attribute__((always_inline)) float dot(const float *restrict a, 
     return s;
 }
 
+typedef struct {
+    float *dst;
+    const size_t *off;
+    const float *src;
+    int row_len;
+} scatter_t;
+
+static void scatter_chunk(void *c_, size_t lo, size_t hi) {
+    const scatter_t *c = c_;
+    for (size_t r = lo; r < hi; r++)
+        memcpy(c->dst + c->off[r], c->src + r * (size_t)c->row_len, sizeof(float) * (size_t)c->row_len);
+}
+
 static void cpu_scatter_rows(float *dst, const size_t *off, const float *src, int n, int row_len) {
-#pragma omp parallel for schedule(static) if (n > 64)
-    for (int r = 0; r < n; r++) memcpy(dst + off[r], src + (size_t)r * row_len, sizeof(float) * (size_t)row_len);
+    scatter_t c = {dst, off, src, row_len};
+    par_for(n > 0 ? (size_t)n : 0, 64, 16, scatter_chunk, &c);
+}
+
+typedef struct {
+    float *out;
+    const float *table;
+    const int32_t *tokens;
+    int dim;
+} embed_t;
+
+static void embed_chunk(void *c_, size_t lo, size_t hi) {
+    const embed_t *c = c_;
+    for (size_t i = lo; i < hi; i++)
+        memcpy(c->out + i * (size_t)c->dim, c->table + (size_t)c->tokens[i] * c->dim, (size_t)c->dim * sizeof(float));
 }
 
 static void cpu_embed(float *out, const float *table, const int32_t *tokens, int n, int dim) {
-#pragma omp parallel for schedule(static) if (n > 64)
-    for (int i = 0; i < n; i++) memcpy(out + (size_t)i * dim, table + (size_t)tokens[i] * dim, dim * sizeof(float));
+    embed_t c = {out, table, tokens, dim};
+    par_for(n > 0 ? (size_t)n : 0, 64, 16, embed_chunk, &c);
 }
 
 static void cpu_embed_bwd(float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
@@ -316,33 +412,53 @@ static void cpu_embed_bwd(float *dtable, const float *dout, const int32_t *token
     }
 }
 
-static void cpu_rmsnorm(float *out, float *rstd, const float *x, const float *w, int n, int dim, float eps) {
-#pragma omp parallel for schedule(static) if (n > 16)
-    for (int i = 0; i < n; i++) {
-        const float *xi = x + (size_t)i * dim;
-        float *oi = out + (size_t)i * dim;
+typedef struct {
+    float *out, *rstd;
+    const float *x, *w, *dout;
+    int dim;
+    float eps;
+} norm_t;
+
+static void rmsnorm_chunk(void *c_, size_t lo, size_t hi) {
+    const norm_t *c = c_;
+    int dim = c->dim;
+    for (size_t i = lo; i < hi; i++) {
+        const float *xi = c->x + i * (size_t)dim;
+        float *oi = c->out + i * (size_t)dim;
         float ss = dot(xi, xi, dim);
-        float r = 1.0f / sqrtf(ss / dim + eps);
-        if (rstd) rstd[i] = r;
-        for (int j = 0; j < dim; j++) oi[j] = xi[j] * r * w[j];
+        float r = 1.0f / sqrtf(ss / dim + c->eps);
+        if (c->rstd) c->rstd[i] = r;
+        for (int j = 0; j < dim; j++) oi[j] = xi[j] * r * c->w[j];
     }
+}
+
+static void cpu_rmsnorm(float *out, float *rstd, const float *x, const float *w, int n, int dim, float eps) {
+    norm_t c = {.out = out, .rstd = rstd, .x = x, .w = w, .dim = dim, .eps = eps};
+    par_for(n > 0 ? (size_t)n : 0, 16, 4, rmsnorm_chunk, &c);
 }
 
 // y = x * r * w, r = (mean(x^2) + eps)^-1/2:
 //   dx = r * (dy*w) - x * r^3 / dim * sum(dy*w*x);   dw = sum_rows dy * x * r
-static void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
-                            int n, int dim) {
-#pragma omp parallel for schedule(static) if (n > 16)
-    for (int i = 0; i < n; i++) {
-        const float *xi = x + (size_t)i * dim, *gi = dout + (size_t)i * dim;
-        float *di = dx + (size_t)i * dim;
-        float r = rstd[i];
+static void rmsnorm_bwd_chunk(void *c_, size_t lo, size_t hi) {
+    const norm_t *c = c_;
+    int dim = c->dim;
+    const float *w = c->w;
+    for (size_t i = lo; i < hi; i++) {
+        const float *xi = c->x + i * (size_t)dim, *gi = c->dout + i * (size_t)dim;
+        float *di = c->out + i * (size_t)dim;
+        float r = c->rstd[i];
         float gwx = 0.0f;
 #pragma omp simd reduction(+ : gwx)
         for (int j = 0; j < dim; j++) gwx += gi[j] * w[j] * xi[j];
-        float c = gwx * r * r * r / dim;
-        for (int j = 0; j < dim; j++) di[j] += r * gi[j] * w[j] - c * xi[j];
+        float cc = gwx * r * r * r / dim;
+        for (int j = 0; j < dim; j++) di[j] += r * gi[j] * w[j] - cc * xi[j];
     }
+}
+
+static void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
+                            int n, int dim) {
+    norm_t c = {.out = dx, .rstd = (float *)rstd, .x = x, .w = w, .dout = dout, .dim = dim};
+    par_for(n > 0 ? (size_t)n : 0, 16, 4, rmsnorm_bwd_chunk, &c);
     if (dw) {
         for (int i = 0; i < n; i++) {
             const float *xi = x + (size_t)i * dim, *gi = dout + (size_t)i * dim;
@@ -352,12 +468,17 @@ static void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float
     }
 }
 
-static void cpu_add_bias(float *x, const float *b, int n, int dim) {
-#pragma omp parallel for schedule(static) if (n > 64)
-    for (int i = 0; i < n; i++) {
-        float *xi = x + (size_t)i * dim;
-        for (int j = 0; j < dim; j++) xi[j] += b[j];
+static void add_bias_chunk(void *c_, size_t lo, size_t hi) {
+    const norm_t *c = c_;
+    for (size_t i = lo; i < hi; i++) {
+        float *xi = c->out + i * (size_t)c->dim;
+        for (int j = 0; j < c->dim; j++) xi[j] += c->w[j];
     }
+}
+
+static void cpu_add_bias(float *x, const float *b, int n, int dim) {
+    norm_t c = {.out = x, .w = b, .dim = dim};
+    par_for(n > 0 ? (size_t)n : 0, 64, 16, add_bias_chunk, &c);
 }
 
 static void cpu_bias_bwd(float *db, const float *dy, int n, int dim) {
@@ -367,22 +488,34 @@ static void cpu_bias_bwd(float *db, const float *dy, int n, int dim) {
     }
 }
 
-static void cpu_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim, const float *cos_t,
-                     const float *sin_t, bool inverse) {
-    int half = head_dim / 2;
-    float sgn = inverse ? -1.0f : 1.0f;
-#pragma omp parallel for schedule(static) if (n > 16)
-    for (int i = 0; i < n; i++) {
-        const float *c = cos_t + (size_t)pos[i] * half, *s = sin_t + (size_t)pos[i] * half;
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + ((size_t)i * n_heads + h) * head_dim;
+typedef struct {
+    float *x;
+    const int32_t *pos;
+    int n_heads, head_dim;
+    const float *cos_t, *sin_t;
+    float sgn;
+} rope_t;
+
+static void rope_chunk(void *c_, size_t lo, size_t hi) {
+    const rope_t *c = c_;
+    int half = c->head_dim / 2;
+    for (size_t i = lo; i < hi; i++) {
+        const float *cs = c->cos_t + (size_t)c->pos[i] * half, *s = c->sin_t + (size_t)c->pos[i] * half;
+        for (int h = 0; h < c->n_heads; h++) {
+            float *v = c->x + (i * (size_t)c->n_heads + (size_t)h) * (size_t)c->head_dim;
             for (int j = 0; j < half; j++) {
-                float a = v[j], b = v[j + half], sj = sgn * s[j];
-                v[j] = a * c[j] - b * sj;
-                v[j + half] = b * c[j] + a * sj;
+                float a = v[j], b = v[j + half], sj = c->sgn * s[j];
+                v[j] = a * cs[j] - b * sj;
+                v[j + half] = b * cs[j] + a * sj;
             }
         }
     }
+}
+
+static void cpu_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim, const float *cos_t,
+                     const float *sin_t, bool inverse) {
+    rope_t c = {x, pos, n_heads, head_dim, cos_t, sin_t, inverse ? -1.0f : 1.0f};
+    par_for(n > 0 ? (size_t)n : 0, 16, 4, rope_chunk, &c);
 }
 
 static inline float silu(float g) { return g / (1.0f + expf(-g)); }
@@ -399,51 +532,75 @@ static inline float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(inner));
 }
 
+typedef struct {
+    float *h, *dg, *du;
+    const float *g, *u, *dh;
+} glu_t;
+
+static void glu_gelu_chunk(void *c_, size_t lo, size_t hi) {
+    const glu_t *c = c_;
+    for (size_t i = lo; i < hi; i++) c->h[i] = gelu(c->g[i]) * c->u[i];
+}
+
+static void glu_gelu_tanh_chunk(void *c_, size_t lo, size_t hi) {
+    const glu_t *c = c_;
+    for (size_t i = lo; i < hi; i++) c->h[i] = gelu_tanh(c->g[i]) * c->u[i];
+}
+
+static void glu_silu_chunk(void *c_, size_t lo, size_t hi) {
+    const glu_t *c = c_;
+    for (size_t i = lo; i < hi; i++) c->h[i] = silu(c->g[i]) * c->u[i];
+}
+
 static void cpu_glu(float *h, const float *g, const float *u, size_t n, kern_act_t act) {
-    if (act == KERN_ACT_GELU) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (size_t i = 0; i < n; i++) h[i] = gelu(g[i]) * u[i];
-    } else if (act == KERN_ACT_GELU_TANH) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (size_t i = 0; i < n; i++) h[i] = gelu_tanh(g[i]) * u[i];
-    } else {
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (size_t i = 0; i < n; i++) h[i] = silu(g[i]) * u[i];
+    glu_t c = {.h = h, .g = g, .u = u};
+    par_for(n, PAR_ELEMS, PAR_ELEMS / 4,
+            act == KERN_ACT_GELU ? glu_gelu_chunk : act == KERN_ACT_GELU_TANH ? glu_gelu_tanh_chunk : glu_silu_chunk, &c);
+}
+
+static void glu_bwd_gelu_chunk(void *c_, size_t lo, size_t hi) {
+    const glu_t *c = c_;
+    for (size_t i = lo; i < hi; i++) {
+        float x = c->g[i], d = c->dh[i];
+        float cdf = 0.5f * (1.0f + erff(x * GELU_ALPHA)), pdf = GELU_BETA * expf(x * x * -0.5f);
+        c->du[i] = d * (x * cdf);
+        c->dg[i] = d * c->u[i] * (cdf + x * pdf);
+    }
+}
+
+static void glu_bwd_gelu_tanh_chunk(void *c_, size_t lo, size_t hi) {
+    const glu_t *c = c_;
+    for (size_t i = lo; i < hi; i++) {
+        float x = c->g[i], d = c->dh[i], x2 = x * x;
+        float z = GELU_TANH_BETA * (x + GELU_TANH_KAPPA * (x2 * x)), t = tanhf(z), ch = coshf(z);
+        // 1 - t^2 as 1 / cosh^2: no cancellation where t is near +-1 (0 once cosh^2 overflows)
+        float sech2 = 1.0f / (ch * ch);
+        c->du[i] = d * (0.5f * x * (1.0f + t));
+        float dact = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_TANH_BETA * (1.0f + 3.0f * GELU_TANH_KAPPA * x2);
+        c->dg[i] = d * c->u[i] * dact;
+    }
+}
+
+static void glu_bwd_silu_chunk(void *c_, size_t lo, size_t hi) {
+    const glu_t *c = c_;
+    for (size_t i = lo; i < hi; i++) {
+        float s = 1.0f / (1.0f + expf(-c->g[i]));
+        float sg = c->g[i] * s;
+        float d = c->dh[i];
+        c->du[i] = d * sg;
+        c->dg[i] = d * c->u[i] * (s + sg * (1.0f - s));
     }
 }
 
 // act'(x): silu s + x s (1 - s); gelu Phi(x) + x phi(x); gelu_tanh 0.5 (1 + t) + 0.5 x sech^2(z) beta (1 + 3 kappa x^2)
 // with z the tanh argument and t = tanh(z).
 static void cpu_glu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n, kern_act_t act) {
-    if (act == KERN_ACT_GELU) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (size_t i = 0; i < n; i++) {
-            float x = g[i], d = dh[i];
-            float cdf = 0.5f * (1.0f + erff(x * GELU_ALPHA)), pdf = GELU_BETA * expf(x * x * -0.5f);
-            du[i] = d * (x * cdf);
-            dg[i] = d * u[i] * (cdf + x * pdf);
-        }
-    } else if (act == KERN_ACT_GELU_TANH) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (size_t i = 0; i < n; i++) {
-            float x = g[i], d = dh[i], x2 = x * x;
-            float z = GELU_TANH_BETA * (x + GELU_TANH_KAPPA * (x2 * x)), t = tanhf(z), c = coshf(z);
-            // 1 - t^2 as 1 / cosh^2: no cancellation where t is near +-1 (0 once cosh^2 overflows)
-            float sech2 = 1.0f / (c * c);
-            du[i] = d * (0.5f * x * (1.0f + t));
-            float dact = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_TANH_BETA * (1.0f + 3.0f * GELU_TANH_KAPPA * x2);
-            dg[i] = d * u[i] * dact;
-        }
-    } else {
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (size_t i = 0; i < n; i++) {
-            float s = 1.0f / (1.0f + expf(-g[i]));
-            float sg = g[i] * s;
-            float d = dh[i];
-            du[i] = d * sg;
-            dg[i] = d * u[i] * (s + sg * (1.0f - s));
-        }
-    }
+    glu_t c = {.dg = dg, .du = du, .dh = dh, .g = g, .u = u};
+    par_for(n, PAR_ELEMS, PAR_ELEMS / 4,
+            act == KERN_ACT_GELU        ? glu_bwd_gelu_chunk
+            : act == KERN_ACT_GELU_TANH ? glu_bwd_gelu_tanh_chunk
+                                        : glu_bwd_silu_chunk,
+            &c);
 }
 
 // One query row against ctx key/value rows given by pointer arrays: scores, softmax (two
@@ -496,65 +653,78 @@ static void scratch_free(attn_scratch_t *s) {
     free(s->vp);
 }
 
-static void cpu_attn_paged(float *out, const float *q, const kern_paged_attn_t *a) {
+typedef struct {
+    float *out, *lse;
+    const float *q, *k, *v;
+    const kern_paged_attn_t *pa;
+    const kern_packed_attn_t *a;
+    float scale;
+} attn_t;
+
+static void attn_paged_chunk(void *c_, size_t lo, size_t hi) {
+    const attn_t *c = c_;
+    const kern_paged_attn_t *a = c->pa;
     int H = a->n_heads, hd = a->head_dim, grp = a->n_heads / a->n_kv_heads, kvd = a->n_kv_heads * hd;
-    float scale = 1.0f / sqrtf((float)hd);
     int bs = a->block_size;
-#pragma omp parallel
-    {
-        attn_scratch_t sc = scratch_new(a->max_ctx);
-#pragma omp for schedule(dynamic, 1)
-        for (int i = 0; i < a->n_tokens; i++) {
-            const int *tab = a->tables[a->seq_of[i]];
-            int ctx = a->pos[i] + 1;
-            for (int kh = 0; kh < a->n_kv_heads; kh++) {
-                for (int p = 0; p < ctx; p++) {
-                    size_t off = (size_t)tab[p / bs] * a->block_stride + (size_t)(p % bs) * kvd + (size_t)kh * hd;
-                    sc.kp[p] = a->k_base + off;
-                    sc.vp[p] = a->v_base + off;
-                }
+    attn_scratch_t sc = scratch_new(a->max_ctx);
+    for (size_t i = lo; i < hi; i++) {
+        const int *tab = a->tables[a->seq_of[i]];
+        int ctx = a->pos[i] + 1;
+        for (int kh = 0; kh < a->n_kv_heads; kh++) {
+            for (int p = 0; p < ctx; p++) {
+                size_t off = (size_t)tab[p / bs] * a->block_stride + (size_t)(p % bs) * kvd + (size_t)kh * hd;
+                sc.kp[p] = a->k_base + off;
+                sc.vp[p] = a->v_base + off;
+            }
+            for (int h = kh * grp; h < (kh + 1) * grp; h++)
+                attn_row(c->out + (i * H + h) * hd, c->q + (i * H + h) * hd, sc.kp, sc.vp, ctx, hd, c->scale,
+                         sc.scores);
+        }
+    }
+    scratch_free(&sc);
+}
+
+static void cpu_attn_paged(float *out, const float *q, const kern_paged_attn_t *a) {
+    attn_t c = {.out = out, .q = q, .pa = a, .scale = 1.0f / sqrtf((float)a->head_dim)};
+    if (a->n_tokens > 0) kpool_for((size_t)a->n_tokens, 1, attn_paged_chunk, &c);
+}
+
+static void attn_fwd_chunk(void *c_, size_t lo, size_t hi) {
+    const attn_t *c = c_;
+    const kern_packed_attn_t *a = c->a;
+    int H = a->n_heads, hd = a->head_dim, grp = a->n_heads / a->n_kv_heads, kvd = a->n_kv_heads * hd;
+    bool pre = a->pre_start && a->pre_len;
+    const float *k = c->k, *v = c->v;
+    attn_scratch_t sc = scratch_new(a->max_len);
+    for (size_t s = lo; s < hi; s++) {
+        // context = the prefix rows (if any), then the sequence's own rows
+        int np = pre ? a->pre_len[s] : 0;
+        for (int kh = 0; kh < a->n_kv_heads; kh++) {
+            size_t koff = (size_t)kh * hd, base = (size_t)a->start[s] * kvd + koff;
+            for (int p = 0; p < np; p++) {
+                size_t off = (size_t)(a->pre_start[s] + p) * kvd + koff;
+                sc.kp[p] = k + off;
+                sc.vp[p] = v + off;
+            }
+            for (int p = 0; p < a->len[s]; p++) {
+                sc.kp[np + p] = k + base + (size_t)p * kvd;
+                sc.vp[np + p] = v + base + (size_t)p * kvd;
+            }
+            for (int t = 0; t < a->len[s]; t++) {
+                size_t i = (size_t)a->start[s] + t;
                 for (int h = kh * grp; h < (kh + 1) * grp; h++)
-                    attn_row(out + ((size_t)i * H + h) * hd, q + ((size_t)i * H + h) * hd, sc.kp, sc.vp, ctx, hd, scale,
-                             sc.scores);
+                    c->lse[i * H + h] = attn_row(c->out + (i * H + h) * hd, c->q + (i * H + h) * hd, sc.kp, sc.vp,
+                                                 np + t + 1, hd, c->scale, sc.scores);
             }
         }
-        scratch_free(&sc);
     }
+    scratch_free(&sc);
 }
 
 static void cpu_attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                          const kern_packed_attn_t *a) {
-    int H = a->n_heads, hd = a->head_dim, grp = a->n_heads / a->n_kv_heads, kvd = a->n_kv_heads * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    bool pre = a->pre_start && a->pre_len;
-#pragma omp parallel
-    {
-        attn_scratch_t sc = scratch_new(a->max_len);
-#pragma omp for schedule(dynamic, 1)
-        for (int s = 0; s < a->n_seqs; s++) {
-            // context = the prefix rows (if any), then the sequence's own rows
-            int np = pre ? a->pre_len[s] : 0;
-            for (int kh = 0; kh < a->n_kv_heads; kh++) {
-                size_t koff = (size_t)kh * hd, base = (size_t)a->start[s] * kvd + koff;
-                for (int p = 0; p < np; p++) {
-                    size_t off = (size_t)(a->pre_start[s] + p) * kvd + koff;
-                    sc.kp[p] = k + off;
-                    sc.vp[p] = v + off;
-                }
-                for (int p = 0; p < a->len[s]; p++) {
-                    sc.kp[np + p] = k + base + (size_t)p * kvd;
-                    sc.vp[np + p] = v + base + (size_t)p * kvd;
-                }
-                for (int t = 0; t < a->len[s]; t++) {
-                    size_t i = (size_t)a->start[s] + t;
-                    for (int h = kh * grp; h < (kh + 1) * grp; h++)
-                        lse[i * H + h] = attn_row(out + (i * H + h) * hd, q + (i * H + h) * hd, sc.kp, sc.vp,
-                                                  np + t + 1, hd, scale, sc.scores);
-                }
-            }
-        }
-        scratch_free(&sc);
-    }
+    attn_t c = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .a = a, .scale = 1.0f / sqrtf((float)a->head_dim)};
+    if (a->n_seqs > 0) kpool_for((size_t)a->n_seqs, 1, attn_fwd_chunk, &c);
 }
 
 // Backward of softmax attention with P recomputed from lse:
@@ -668,54 +838,54 @@ static int attn_write_groups(const kern_packed_attn_t *a, int *order, int *grp0)
     return ng;
 }
 
-// Parallel over (sequence, kv head) so that every thread owns the dk/dv rows it writes; with
-// shared prefixes over (group of sequences writing the same rows, kv head).
-static void cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                         const float *q, const float *k, const float *v, const kern_packed_attn_t *a) {
-    int H = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = H / KV, kvd = KV * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    memset(dq, 0, sizeof(float) * (size_t)a->n_tokens * H * hd);
-    memset(dk, 0, sizeof(float) * (size_t)a->n_tokens * kvd);
-    memset(dv, 0, sizeof(float) * (size_t)a->n_tokens * kvd);
-    if (a->pre_start && a->pre_len) {
-        int *order = malloc(sizeof(int) * (size_t)(2 * a->n_seqs + 1)), *grp0 = order + a->n_seqs;
-        if (!order) {
-            fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
-            abort();
-        }
-        int ng = attn_write_groups(a, order, grp0);
-#pragma omp parallel for schedule(dynamic, 1) collapse(2)
-        for (int g = 0; g < ng; g++)
-            for (int kh = 0; kh < KV; kh++)
-                for (int m = grp0[g]; m < grp0[g + 1]; m++)
-                    attn_bwd_prefixed(dq, dk, dv, dout, out, lse, q, k, v, a, order[m], kh);
-        free(order);
-        return;
+typedef struct {
+    float *dq, *dk, *dv;
+    const float *dout, *out, *lse, *q, *k, *v;
+    const kern_packed_attn_t *a;
+    const int *order, *grp0;
+    float scale;
+} attn_bwd_t;
+
+// Items g * KV + kh: group g of sequences writing the same dk/dv rows, kv head kh.
+static void attn_bwd_groups_chunk(void *c_, size_t lo, size_t hi) {
+    const attn_bwd_t *c = c_;
+    int KV = c->a->n_kv_heads;
+    for (size_t it = lo; it < hi; it++) {
+        int g = (int)(it / (size_t)KV), kh = (int)(it % (size_t)KV);
+        for (int m = c->grp0[g]; m < c->grp0[g + 1]; m++)
+            attn_bwd_prefixed(c->dq, c->dk, c->dv, c->dout, c->out, c->lse, c->q, c->k, c->v, c->a, c->order[m], kh);
     }
-#pragma omp parallel for schedule(dynamic, 1) collapse(2)
-    for (int s = 0; s < a->n_seqs; s++) {
-        for (int kh = 0; kh < KV; kh++) {
-            size_t base = (size_t)a->start[s];
-            size_t koff = (size_t)kh * hd;
-            for (int g = 0; g < grp; g++) {
-                int h = kh * grp + g;
-                for (int t = 0; t < a->len[s]; t++) {
-                    size_t i = base + t;
-                    const float *qh = q + (i * H + h) * hd, *doh = dout + (i * H + h) * hd, *oh = out + (i * H + h) * hd;
-                    float *dqh = dq + (i * H + h) * hd;
-                    float L = lse[i * H + h];
-                    float D = dot(doh, oh, hd);
-                    for (int j = 0; j <= t; j++) {
-                        const float *kj = k + (base + j) * kvd + koff, *vj = v + (base + j) * kvd + koff;
-                        float P = expf(dot(qh, kj, hd) * scale - L);
-                        float dP = dot(doh, vj, hd);
-                        float dS = P * (dP - D) * scale;
-                        float *dkj = dk + (base + j) * kvd + koff, *dvj = dv + (base + j) * kvd + koff;
-                        for (int d = 0; d < hd; d++) {
-                            dqh[d] += dS * kj[d];
-                            dkj[d] += dS * qh[d];
-                            dvj[d] += P * doh[d];
-                        }
+}
+
+// Items s * KV + kh: sequence s, kv head kh.
+static void attn_bwd_chunk(void *c_, size_t lo, size_t hi) {
+    const attn_bwd_t *c = c_;
+    const kern_packed_attn_t *a = c->a;
+    int H = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = H / KV, kvd = KV * hd;
+    const float *q = c->q, *k = c->k, *v = c->v, *dout = c->dout, *out = c->out, *lse = c->lse;
+    float *dq = c->dq, *dk = c->dk, *dv = c->dv, scale = c->scale;
+    for (size_t it = lo; it < hi; it++) {
+        int s = (int)(it / (size_t)KV), kh = (int)(it % (size_t)KV);
+        size_t base = (size_t)a->start[s];
+        size_t koff = (size_t)kh * hd;
+        for (int g = 0; g < grp; g++) {
+            int h = kh * grp + g;
+            for (int t = 0; t < a->len[s]; t++) {
+                size_t i = base + t;
+                const float *qh = q + (i * H + h) * hd, *doh = dout + (i * H + h) * hd, *oh = out + (i * H + h) * hd;
+                float *dqh = dq + (i * H + h) * hd;
+                float L = lse[i * H + h];
+                float D = dot(doh, oh, hd);
+                for (int j = 0; j <= t; j++) {
+                    const float *kj = k + (base + j) * kvd + koff, *vj = v + (base + j) * kvd + koff;
+                    float P = expf(dot(qh, kj, hd) * scale - L);
+                    float dP = dot(doh, vj, hd);
+                    float dS = P * (dP - D) * scale;
+                    float *dkj = dk + (base + j) * kvd + koff, *dvj = dv + (base + j) * kvd + koff;
+                    for (int d = 0; d < hd; d++) {
+                        dqh[d] += dS * kj[d];
+                        dkj[d] += dS * qh[d];
+                        dvj[d] += P * doh[d];
                     }
                 }
             }
@@ -723,11 +893,74 @@ static void cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, con
     }
 }
 
+// Parallel over (sequence, kv head) so that every thread owns the dk/dv rows it writes; with
+// shared prefixes over (group of sequences writing the same rows, kv head).
+static void cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                         const float *q, const float *k, const float *v, const kern_packed_attn_t *a) {
+    int H = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, kvd = KV * hd;
+    memset(dq, 0, sizeof(float) * (size_t)a->n_tokens * H * hd);
+    memset(dk, 0, sizeof(float) * (size_t)a->n_tokens * kvd);
+    memset(dv, 0, sizeof(float) * (size_t)a->n_tokens * kvd);
+    attn_bwd_t c = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .out = out, .lse = lse, .q = q, .k = k, .v = v,
+                    .a = a, .scale = 1.0f / sqrtf((float)hd)};
+    if (a->pre_start && a->pre_len) {
+        int *order = malloc(sizeof(int) * (size_t)(2 * a->n_seqs + 1)), *grp0 = order + a->n_seqs;
+        if (!order) {
+            fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
+            abort();
+        }
+        int ng = attn_write_groups(a, order, grp0);
+        c.order = order, c.grp0 = grp0;
+        if (ng > 0) kpool_for((size_t)ng * KV, 1, attn_bwd_groups_chunk, &c);
+        free(order);
+        return;
+    }
+    if (a->n_seqs > 0) kpool_for((size_t)a->n_seqs * KV, 1, attn_bwd_chunk, &c);
+}
+
 // --- multi-LoRA -------------------------------------------------------------------------------
 // Large segments (prefill, training) go to sgemm; the many one-row segments of a decode step
 // with many adapters are done together in one threaded loop, where a BLAS call per segment
 // would cost more in call overhead than in arithmetic.
 #define LORA_GEMM_MIN_ROWS 8
+
+typedef struct {
+    float *T, *Y;
+    int ldt, in, out;
+    const float *X, *Tc;
+    const kern_lora_seg_t *seg;
+} lora_t;
+
+// The segments of fewer than LORA_GEMM_MIN_ROWS rows, one chunk per segment.
+static void shrink_chunk(void *c_, size_t lo, size_t hi) {
+    const lora_t *c = c_;
+    for (size_t s = lo; s < hi; s++) {
+        const kern_lora_seg_t *g = &c->seg[s];
+        if (g->n_rows >= LORA_GEMM_MIN_ROWS) continue;
+        for (int r = g->row0; r < g->row0 + g->n_rows; r++)
+            for (int j = 0; j < g->rank; j++)
+                c->T[(size_t)r * c->ldt + j] = dot(c->X + (size_t)r * c->in, g->A + (size_t)j * c->in, c->in);
+    }
+}
+
+static void expand_chunk(void *c_, size_t lo, size_t hi) {
+    const lora_t *c = c_;
+    int out = c->out;
+    for (size_t s = lo; s < hi; s++) {
+        const kern_lora_seg_t *g = &c->seg[s];
+        if (g->n_rows >= LORA_GEMM_MIN_ROWS) continue;
+        for (int r = g->row0; r < g->row0 + g->n_rows; r++) {
+            const float *tr = c->Tc + (size_t)r * c->ldt;
+            float *restrict y = c->Y + (size_t)r * out;
+            for (int j = 0; j < g->rank; j++) {
+                const float *restrict b = g->B + (size_t)j * out;
+                float cj = g->scale * tr[j];
+#pragma omp simd
+                for (int o = 0; o < out; o++) y[o] += cj * b[o];
+            }
+        }
+    }
+}
 
 static void cpu_lora_shrink(float *T, int ldt, const float *X, int in, const kern_lora_seg_t *seg, int n_seg) {
     int small = 0;
@@ -740,13 +973,8 @@ static void cpu_lora_shrink(float *T, int ldt, const float *X, int in, const ker
             small++;
     }
     if (!small) return;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int s = 0; s < n_seg; s++) {
-        const kern_lora_seg_t *g = &seg[s];
-        if (g->n_rows >= LORA_GEMM_MIN_ROWS) continue;
-        for (int r = g->row0; r < g->row0 + g->n_rows; r++)
-            for (int j = 0; j < g->rank; j++) T[(size_t)r * ldt + j] = dot(X + (size_t)r * in, g->A + (size_t)j * in, in);
-    }
+    lora_t c = {.T = T, .ldt = ldt, .X = X, .in = in, .seg = seg};
+    kpool_for((size_t)n_seg, 1, shrink_chunk, &c);
 }
 
 static void cpu_lora_expand(float *Y, int out, const float *T, int ldt, const kern_lora_seg_t *seg, int n_seg) {
@@ -760,32 +988,26 @@ static void cpu_lora_expand(float *Y, int out, const float *T, int ldt, const ke
             small++;
     }
     if (!small) return;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int s = 0; s < n_seg; s++) {
-        const kern_lora_seg_t *g = &seg[s];
-        if (g->n_rows >= LORA_GEMM_MIN_ROWS) continue;
-        for (int r = g->row0; r < g->row0 + g->n_rows; r++) {
-            const float *tr = T + (size_t)r * ldt;
-            float *restrict y = Y + (size_t)r * out;
-            for (int j = 0; j < g->rank; j++) {
-                const float *restrict b = g->B + (size_t)j * out;
-                float c = g->scale * tr[j];
-#pragma omp simd
-                for (int o = 0; o < out; o++) y[o] += c * b[o];
-            }
-        }
-    }
+    lora_t c = {.Y = Y, .ldt = ldt, .out = out, .Tc = T, .seg = seg};
+    kpool_for((size_t)n_seg, 1, expand_chunk, &c);
 }
 
 // --- losses ----------------------------------------------------------------------------------
 
-static void cpu_token_logprobs(float *logp, float *entropy, const float *logits, const int32_t *target, int n, int V,
-                               float T) {
-    if (T <= 0.0f) T = 1.0f;
-    float invT = 1.0f / T;
-#pragma omp parallel for schedule(static) if (n > 8)
-    for (int r = 0; r < n; r++) {
-        const float *z = logits + (size_t)r * V;
+typedef struct {
+    float *logp, *entropy, *logits;
+    const float *dlogp;
+    const int32_t *target;
+    int V;
+    float invT;
+} logp_t;
+
+static void token_logprobs_chunk(void *c_, size_t lo, size_t hi) {
+    const logp_t *c = c_;
+    int V = c->V;
+    float invT = c->invT;
+    for (size_t r = lo; r < hi; r++) {
+        const float *z = c->logits + r * (size_t)V;
         float mx = -INFINITY;
         for (int j = 0; j < V; j++)
             if (z[j] * invT > mx) mx = z[j] * invT;
@@ -796,19 +1018,26 @@ static void cpu_token_logprobs(float *logp, float *entropy, const float *logits,
             sz += e * (double)(z[j] * invT - mx);
         }
         double lse = (double)mx + log(sum);
-        logp[r] = (float)((double)(z[target[r]] * invT) - lse);
+        c->logp[r] = (float)((double)(z[c->target[r]] * invT) - lse);
         // H = lse - E[z/T]
-        if (entropy) entropy[r] = (float)(log(sum) - sz / sum);
+        if (c->entropy) c->entropy[r] = (float)(log(sum) - sz / sum);
     }
 }
 
-static void cpu_logprob_bwd(float *logits, const float *dlogp, const int32_t *target, int n, int V, float T) {
+static void cpu_token_logprobs(float *logp, float *entropy, const float *logits, const int32_t *target, int n, int V,
+                               float T) {
     if (T <= 0.0f) T = 1.0f;
-    float invT = 1.0f / T;
-#pragma omp parallel for schedule(static) if (n > 8)
-    for (int r = 0; r < n; r++) {
-        float *z = logits + (size_t)r * V;
-        float g = dlogp[r];
+    logp_t c = {.logp = logp, .entropy = entropy, .logits = (float *)logits, .target = target, .V = V, .invT = 1.0f / T};
+    par_for(n > 0 ? (size_t)n : 0, 8, 2, token_logprobs_chunk, &c);
+}
+
+static void logprob_bwd_chunk(void *c_, size_t lo, size_t hi) {
+    const logp_t *c = c_;
+    int V = c->V;
+    float invT = c->invT;
+    for (size_t r = lo; r < hi; r++) {
+        float *z = c->logits + r * (size_t)V;
+        float g = c->dlogp[r];
         if (g == 0.0f) {
             memset(z, 0, sizeof(float) * V);
             continue;
@@ -820,8 +1049,14 @@ static void cpu_logprob_bwd(float *logits, const float *dlogp, const int32_t *ta
         for (int j = 0; j < V; j++) sum += exp((double)(z[j] * invT - mx));
         float inv = (float)(1.0 / sum);
         for (int j = 0; j < V; j++) z[j] = -g * invT * expf(z[j] * invT - mx) * inv;
-        z[target[r]] += g * invT;
+        z[c->target[r]] += g * invT;
     }
+}
+
+static void cpu_logprob_bwd(float *logits, const float *dlogp, const int32_t *target, int n, int V, float T) {
+    if (T <= 0.0f) T = 1.0f;
+    logp_t c = {.logits = logits, .dlogp = dlogp, .target = target, .V = V, .invT = 1.0f / T};
+    par_for(n > 0 ? (size_t)n : 0, 8, 2, logprob_bwd_chunk, &c);
 }
 
 // --- sampling ----------------------------------------------------------------------------------
@@ -965,42 +1200,67 @@ int32_t kernels_cpu_sample_row(const float *logits, int vocab, float temperature
     return tok;
 }
 
-// Rows in parallel, each with its thread's scratch: results do not depend on the thread count.
+typedef struct {
+    int32_t *tokens;
+    float *logprobs;
+    const float *logits, *temperature, *top_p, *u;
+    const int *top_k;
+    int V;
+} sample_t;
+
+// A chunk of rows with its own scratch (about two chunks per thread: few allocations).
+static void sample_chunk(void *c_, size_t lo, size_t hi) {
+    const sample_t *c = c_;
+    float *w = malloc(sizeof(float) * (size_t)c->V);
+    int *idx = malloc(sizeof(int) * (size_t)c->V);
+    if (!w || !idx) {
+        fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
+        abort();
+    }
+    for (size_t r = lo; r < hi; r++) {
+        float lp;
+        c->tokens[r] = kernels_cpu_sample_row(c->logits + r * (size_t)c->V, c->V, c->temperature[r], c->top_k[r],
+                                              c->top_p[r], c->u[r], w, idx, &lp);
+        if (c->logprobs) c->logprobs[r] = lp;
+    }
+    free(w);
+    free(idx);
+}
+
+// Rows in parallel, each chunk with its own scratch: results do not depend on the thread count.
 static void cpu_sample(int32_t *tokens, float *logprobs, const float *logits, int n, int V, const float *temperature,
                        const int *top_k, const float *top_p, const float *u) {
     if (n <= 0 || V <= 0) return;
-#pragma omp parallel if (n > 1)
-    {
-        float *w = malloc(sizeof(float) * (size_t)V);
-        int *idx = malloc(sizeof(int) * (size_t)V);
-        if (!w || !idx) {
-            fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
-            abort();
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int r = 0; r < n; r++) {
-            float lp;
-            tokens[r] = kernels_cpu_sample_row(logits + (size_t)r * V, V, temperature[r], top_k[r], top_p[r], u[r], w,
-                                               idx, &lp);
-            if (logprobs) logprobs[r] = lp;
-        }
-        free(w);
-        free(idx);
-    }
+    sample_t c = {tokens, logprobs, logits, temperature, top_p, u, top_k, V};
+    kpool_for((size_t)n, kpool_grain((size_t)n, 2, 1), sample_chunk, &c);
 }
 
 // --- optimizer -------------------------------------------------------------------------------
 
-static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
-                      float wd, float bc1, float bc2, float gscale) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) {
+typedef struct {
+    float *p, *m, *v;
+    const float *g;
+    float lr, b1, b2, eps, wd, bc1, bc2, gscale;
+} adamw_t;
+
+static void adamw_chunk(void *c_, size_t lo, size_t hi) {
+    const adamw_t *c = c_;
+    float *p = c->p, *m = c->m, *v = c->v;
+    const float *g = c->g;
+    float lr = c->lr, b1 = c->b1, b2 = c->b2, eps = c->eps, wd = c->wd, bc1 = c->bc1, bc2 = c->bc2, gscale = c->gscale;
+    for (size_t i = lo; i < hi; i++) {
         float gi = g[i] * gscale;
         m[i] = b1 * m[i] + (1.0f - b1) * gi;
         v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
         float mh = m[i] / bc1, vh = v[i] / bc2;
         p[i] -= lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
     }
+}
+
+static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
+                      float wd, float bc1, float bc2, float gscale) {
+    adamw_t c = {p, m, v, g, lr, b1, b2, eps, wd, bc1, bc2, gscale};
+    par_for(n, PAR_ELEMS, PAR_ELEMS / 4, adamw_chunk, &c);
 }
 
 static const kernels_t cpu_kernels = {
