@@ -36,8 +36,12 @@ static inline void bench_machine(void) {
            sysconf(_SC_NPROCESSORS_ONLN), util_threads(), kernels_cpu_blas_core(), ts);
 }
 
-// GFLOP/s of C = A B^T (M x K times N x K) at the current thread count, timed for `seconds`.
+extern void openblas_set_num_threads(int n);
+
+// GFLOP/s of OpenBLAS's own C = A B^T (M x K times N x K) on util_threads() threads (its own
+// threading: the reference), timed for `seconds`; OpenBLAS is set back to one thread after.
 static inline double bench_sgemm_gflops(int M, int N, int K, double seconds) {
+    openblas_set_num_threads(util_threads());
     float *A = falloc((size_t)M * K), *B = falloc((size_t)N * K), *C = falloc((size_t)M * N);
     for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)(i % 7) * 0.1f;
     for (size_t i = 0; i < (size_t)N * K; i++) B[i] = (float)(i % 5) * 0.1f;
@@ -49,6 +53,7 @@ static inline double bench_sgemm_gflops(int M, int N, int K, double seconds) {
         reps++;
     } while ((t = util_now() - t0) < seconds);
     free(A), free(B), free(C);
+    openblas_set_num_threads(1);
     return 2.0 * M * N * K * reps / t / 1e9;
 }
 

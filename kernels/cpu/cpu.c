@@ -115,6 +115,56 @@ static void par_for(size_t n, size_t serial, size_t min_grain, void (*fn)(void *
 
 // --- dense ---------------------------------------------------------------------------------
 
+// sgemm on the pool: OpenBLAS runs single-threaded (util_threads_init sets it so) in chunks of
+// C's columns (or rows, when C is taller than wide), so a contended machine slows a product by
+// the chunks a descheduled thread holds, not by a barrier of every thread. Every element of C is
+// computed by one OpenBLAS call over the whole K, as in one call: splitting M or N does not change
+// the order of any sum. Products too small to share run in one call.
+typedef struct {
+    bool ta, tb, by_cols;
+    int M, N, K, blk, lda, ldb, ldc;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+} sgemm_t;
+
+static void sgemm_chunk(void *c_, size_t lo, size_t hi) {
+    const sgemm_t *c = c_;
+    CBLAS_TRANSPOSE ta = c->ta ? CblasTrans : CblasNoTrans, tb = c->tb ? CblasTrans : CblasNoTrans;
+    for (size_t b = lo; b < hi; b++) {
+        int x0 = (int)b * c->blk, len = c->by_cols ? c->N - x0 : c->M - x0;
+        if (len > c->blk) len = c->blk;
+        if (c->by_cols)
+            cblas_sgemm(CblasRowMajor, ta, tb, c->M, len, c->K, c->alpha, c->A, c->lda,
+                        c->tb ? c->B + (size_t)x0 * c->ldb : c->B + x0, c->ldb, c->beta, c->C + x0, c->ldc);
+        else
+            cblas_sgemm(CblasRowMajor, ta, tb, len, c->N, c->K, c->alpha, c->ta ? c->A + x0 : c->A + (size_t)x0 * c->lda,
+                        c->lda, c->B, c->ldb, c->beta, c->C + (size_t)x0 * c->ldc, c->ldc);
+    }
+}
+
+// Products below this many multiply-adds run in one call (a few microseconds of work).
+#define SGEMM_POOL_MIN_MACS (1 << 21)
+
+static void sgemm_pool(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc) {
+    int T = kpool_threads();
+    bool by_cols = N >= M;
+    int len = by_cols ? N : M;
+    // about four blocks per thread, a multiple of 16 wide, at least 32
+    int blk = (len + 4 * T - 1) / (4 * T);
+    blk = (blk + 15) / 16 * 16;
+    if (blk < 32) blk = 32;
+    if (T == 1 || (double)M * N * K < SGEMM_POOL_MIN_MACS || blk >= len) {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+                    lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    sgemm_t c = {.ta = ta, .tb = tb, .by_cols = by_cols, .M = M, .N = N, .K = K, .blk = blk, .lda = lda, .ldb = ldb,
+                 .ldc = ldc, .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C};
+    kpool_for((size_t)((len + blk - 1) / blk), 1, sgemm_chunk, &c);
+}
+
 static void cpu_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                      int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
@@ -132,8 +182,7 @@ static void cpu_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const f
                         A + (size_t)i * lda, 1, beta, C + (size_t)i * ldc, 1);
         return;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
-                B, ldb, beta, C, ldc);
+    sgemm_pool(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // --- bf16 ------------------------------------------------------------------------------------
