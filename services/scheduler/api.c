@@ -250,8 +250,8 @@ static int op_tenant_create(api_t *a, const proto_req_t *q, proto_args_t *res, c
     if (store_sadd(a->st, key, 1, m, NULL, err)) return -1;
     proto_args_str(res, "tenant", id);
     proto_args_str(res, "token", token);
-    logt_info(id, NULL, "tenant %s (%s) created: quota %lld jobs, %lld groups in flight, %lld MiB of datasets, weight %g", id, name,
-             (long long)quota, (long long)max_groups, (long long)max_data_mb, weight);
+    logt_info(id, NULL, "tenant %s (%s) created: quota %lld jobs, %lld groups in flight, %lld MiB of datasets, weight %g",
+              id, name, (long long)quota, (long long)max_groups, (long long)max_data_mb, weight);
     return 0;
 }
 

@@ -9,7 +9,8 @@
 #   - a verifier whose secret key file holds garbage (refused at start);
 #   - a scheduler given an admin token shorter than 8 characters (started, warned about);
 #   - `marlaas keys generate` (the CLI writing secret keys);
-# then checks every line of every service log with check_logs.py (text lines as they always
+# and, in the json round, the line a signal handler writes when a service blocked on a paused Redis
+# exits at its stop deadline; then checks every line of every service log with check_logs.py (text lines as they always
 # were; json: one object per line with time, level, service, id, message, and job, tenant,
 # fields where they apply), and that none of the secrets (the admin token, the Redis password,
 # every service's and the generated secret keys, the tenant's token, the wrong tokens and
@@ -107,11 +108,33 @@ round() {
     for f in "$K"/new/*.key_secret; do secrets+=("$(sed -n 's/^ *secret-key = "\(.*\)"$/\1/p' "$f")"); done
     check "$fmt: an unknown log format is refused" sh -c "! MARLAAS_HTTP=0 '$BIN/marlaas-verifier' --insecure \
         --log-format xml 2> '$D/xml.err' && grep -q 'must be text or json' '$D/xml.err'"
+    local extra=()
+    if [ "$fmt" = json ]; then
+        # the line of the stop deadline, written by a signal handler: a verifier blocked on a paused
+        # Redis, told to stop, exits 10 s later with one json line (text: test_http.sh)
+        local xv redis_pid
+        (set -a; . "$RUN/env"; set +a; MARLAAS_HTTP=0 MARLAAS_VERIFIERS="tcp://127.0.0.1:$(free_low_port)" \
+            exec "$BIN/marlaas-verifier" "${flag[@]}") > "$RUN/logs/verifier-deadline.log" 2>&1 < /dev/null &
+        xv=$!
+        check "json: the extra verifier starts" wait_for 20 grep -q '"message":"ready: ' "$RUN/logs/verifier-deadline.log"
+        redis_pid=$(svc_pid redis)
+        kill -STOP "$redis_pid"
+        check "json: the extra verifier waits on the paused Redis" wait_for 10 tcp_unanswered "$xv" "$(env_port MARLAAS_REDIS)"
+        kill -TERM "$xv"
+        (sleep 20; kill -9 "$xv" 2>/dev/null) &   # in case the deadline does not end it
+        local guard=$!
+        wait "$xv" 2>/dev/null || true
+        kill "$guard" 2>/dev/null || true
+        kill -CONT "$redis_pid"
+        check "json: the stop deadline's line" grep -qE '^\{"time":"[0-9T:.-]+Z","level":"warn","service":"verifier","id":"verifier-[^"]+","message":"still busy 10 s after the stop signal' \
+            "$RUN/logs/verifier-deadline.log"
+    fi
     export MARLAAS_LOG_FORMAT=$fmt
 
     cluster_down
     local L
     L=$(find "$D/run" -mindepth 1 -maxdepth 1 -type d | head -n 1)
+    [ "$fmt" = json ] && extra=(verifier="$L/verifier-deadline.log")
     if [ -z "$L" ] || [ ! -s "$L/trainer.log" ]; then
         echo "FAILED: $fmt: the cluster's logs were not kept"
         fail=1
@@ -120,7 +143,8 @@ round() {
     # every line of every service log
     check "$fmt: every log line is a $fmt log line" python3 tests/integration/check_logs.py "$fmt" \
         scheduler="$L/scheduler.log" rollout="$L/rollout.log" verifier="$L/verifier.log" trainer="$L/trainer.log" \
-        verifier="$L/verifier-badpass.log" verifier="$L/verifier-badkey.log" scheduler="$L/scheduler-short.log"
+        verifier="$L/verifier-badpass.log" verifier="$L/verifier-badkey.log" scheduler="$L/scheduler-short.log" \
+        "${extra[@]}"
     if [ "$fmt" = json ]; then
         check "json: the submission names job and tenant" \
             grep -qE '"job":"'"$job"'","tenant":"t-[0-9]+","message":"submitted by tenant' "$L/scheduler.log"
