@@ -5,9 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/util/log.h"
+
 cJSON *json_need(cJSON *x) {
     if (!x) {
-        fprintf(stderr, "FATAL out of memory building JSON\n");
+        log_fatal("out of memory building JSON");
         abort();
     }
     return x;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/util/log.h"
 #include "common/util/strset.h"
 
 // --- sources ------------------------------------------------------------------------------------
@@ -125,7 +126,7 @@ char *rl_source_prompt(const rl_source_t *s, const task_example_t *ex, int handl
     char *txt = cJSON_PrintUnformatted(req);
     cJSON_Delete(req);
     if (!txt) {
-        fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
+        log_fatal("out of memory at %s:%d", __FILE__, __LINE__);
         abort();
     }
     chat_opts_t o = {.add_generation_prompt = true, .force_generation_prompt = true};

@@ -231,8 +231,12 @@ char *metrics_render(metrics_t *m, size_t *len) {
     fputs("\",id=\"", o);
     put_label(o, m->id);
     fputs("\"} 1\n", o);
+    double now = util_now();
     fprintf(o, "# HELP marlaas_up_seconds Seconds since the process started.\n# TYPE marlaas_up_seconds gauge\n"
-               "marlaas_up_seconds %.3f\n", util_now() - m->t_start);
+               "marlaas_up_seconds %.3f\n", now - m->t_start);
+    fprintf(o, "# HELP marlaas_loop_age_seconds Seconds since the main loop last turned (GET /healthz fails past "
+               "MARLAAS_STALL_S).\n# TYPE marlaas_loop_age_seconds gauge\nmarlaas_loop_age_seconds %.3f\n",
+            now - m->last_alive);
     fprintf(o, "# HELP marlaas_ready 1 when the service is ready (GET /readyz).\n# TYPE marlaas_ready gauge\n"
                "marlaas_ready %d\n", m->ready ? 1 : 0);
     for (int i = 0; i < m->n_fam; i++) {

@@ -38,6 +38,7 @@ static const struct {
     [SVC_WEIGHTS] = {"weights", "MARLAAS_WEIGHTS", "auto"},
     [SVC_KEYS] = {"keys", "MARLAAS_KEYS", NULL},
     [SVC_INSECURE] = {"insecure", "MARLAAS_INSECURE", NULL},   // a flag: plain links (see bus.h)
+    [SVC_LOG_FORMAT] = {"log-format", "MARLAAS_LOG_FORMAT", "text"},
 };
 
 // Default HTTP ports: one per service, so a single host can run all four with no flags.
@@ -57,11 +58,21 @@ static char svc_label[64] = "service";
 // timeout) exits SVC_STOP_DEADLINE_S seconds after the signal anyway. Nothing is lost: the
 // state lives in Redis and unfinished work is issued again when its lease ends.
 #define SVC_STOP_DEADLINE_S 10
+#define STR_(x) #x
+#define STR(x) STR_(x)
+static const char deadline_msg[] =
+    "still busy " STR(SVC_STOP_DEADLINE_S) " s after the stop signal (blocked on a peer or Redis); exiting now";
 static void on_deadline(int sig) {
     (void)sig;
     char msg[160];
-    int n = snprintf(msg, sizeof msg, "WARN  %s still busy %d s after the stop signal (blocked on a peer or Redis); "
-                     "exiting now\n", svc_label, SVC_STOP_DEADLINE_S);
+    int n;
+    if (log_get_format() == LOG_JSON) {
+        static char line[512];   // log_render allocates and locks nothing
+        n = (int)log_render_now(line, sizeof line, LOGL_WARN, NULL, deadline_msg);
+        (void)!write(2, line, (size_t)n);
+        _exit(3);
+    }
+    n = snprintf(msg, sizeof msg, "WARN  %s %s\n", svc_label, deadline_msg);
     if (n > 0) (void)!write(2, msg, (size_t)n);
     _exit(3);
 }
@@ -134,9 +145,17 @@ int svc_init(svc_t *s, const char *name, int argc, char **argv, const char *help
         snprintf(s->id, sizeof s->id, "%s-%s-%d", name, host, (int)getpid());
     }
     if (s->opt[SVC_THREADS]) setenv("MARLAAS_THREADS", s->opt[SVC_THREADS], 1);
+    int log_format = log_parse_format(s->opt[SVC_LOG_FORMAT]);
+    if (log_format < 0) {
+        fprintf(stderr, "marlaas-%s: --log-format / MARLAAS_LOG_FORMAT must be text or json, not '%.40s'\n", name,
+                s->opt[SVC_LOG_FORMAT]);
+        return -1;
+    }
     char svcname[64];
     snprintf(svcname, sizeof svcname, "%s", name);
     log_init(svcname);
+    log_set_format(log_format);
+    log_set_id(s->id);
     zsys_init();
     zsys_set_logstream(NULL);
     // czmq installs its own handler that sets zsys_interrupted; ours also catches SIGTERM.

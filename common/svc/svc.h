@@ -21,6 +21,7 @@
 //                                                                   bf16 on cuda, fp32 on cpu)
 //   --http         MARLAAS_HTTP            scheduler 9500, rollout 9501, verifier 9502, trainer 9503
 //                                          (GET /healthz /readyz /metrics; PORT, HOST:PORT, 0 = off)
+//   --log-format   MARLAAS_LOG_FORMAT      text                    (text | json: one JSON object per line, log.h)
 // A service binds the endpoints it owns on all interfaces (tcp://*:PORT, port taken from the
 // setting) and connects to the others as given.
 #ifndef MARLAAS_SVC_H
@@ -37,7 +38,7 @@
 typedef enum {
     SVC_REDIS, SVC_PREFIX, SVC_MODEL, SVC_API, SVC_WORK, SVC_EVENTS, SVC_REPORTS, SVC_VERIFIERS, SVC_TRAINER,
     SVC_TRAINER_EVENTS, SVC_THREADS, SVC_ADMIN_TOKEN, SVC_POLICY, SVC_ID, SVC_HTTP, SVC_BACKEND, SVC_WEIGHTS,
-    SVC_KEYS, SVC_INSECURE, SVC_N_OPTS
+    SVC_KEYS, SVC_INSECURE, SVC_LOG_FORMAT, SVC_N_OPTS
 } svc_opt_t;
 
 typedef struct {

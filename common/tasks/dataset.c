@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/util/log.h"
 #include "common/util/rng.h"
 #include "common/formats/tok_text.h"
 #include "common/tasks/math_answer.h"
@@ -244,7 +245,7 @@ static int take_messages(record_t *r, const cJSON *m, char *msg, size_t msg_len)
     }
     char *txt = cJSON_PrintUnformatted(out);
     if (!txt) {
-        fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
+        log_fatal("out of memory at %s:%d", __FILE__, __LINE__);
         abort();
     }
     r->messages = xstrdup(txt);

@@ -10,6 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "log.h"
+
 int err_set(char *err, const char *fmt, ...) {
     if (err) {
         va_list ap;
@@ -21,7 +23,7 @@ int err_set(char *err, const char *fmt, ...) {
 }
 
 static void oom(size_t n, const char *file, int line) {
-    fprintf(stderr, "FATAL out of memory allocating %zu bytes at %s:%d\n", n, file, line);
+    log_fatal("out of memory allocating %zu bytes at %s:%d", n, file, line);
     abort();
 }
 
@@ -59,7 +61,7 @@ float *util_falloc(size_t n, const char *file, int line) {
 }
 
 void util_assert_fail(const char *what, const char *file, int line) {
-    fprintf(stderr, "FATAL assertion failed: %s at %s:%d\n", what, file, line);
+    log_fatal("assertion failed: %s at %s:%d", what, file, line);
     abort();
 }
 

@@ -250,8 +250,8 @@ static int op_tenant_create(api_t *a, const proto_req_t *q, proto_args_t *res, c
     if (store_sadd(a->st, key, 1, m, NULL, err)) return -1;
     proto_args_str(res, "tenant", id);
     proto_args_str(res, "token", token);
-    log_info("tenant %s (%s) created: quota %lld jobs, %lld groups in flight, %lld MiB of datasets, weight %g", id, name,
-             (long long)quota, (long long)max_groups, (long long)max_data_mb, weight);
+    logt_info(id, NULL, "tenant %s (%s) created: quota %lld jobs, %lld groups in flight, %lld MiB of datasets, weight %g",
+              id, name, (long long)quota, (long long)max_groups, (long long)max_data_mb, weight);
     return 0;
 }
 
@@ -523,7 +523,7 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
     if (sched_add_job(a->sc, id, err)) return -1;
     proto_args_str(res, "job", id);
     if (notes[0]) proto_args_str(res, "notes", notes);
-    logj_info(id, "submitted by tenant %s: task %s, %d steps", tenant, spec.task, spec.max_steps);
+    logt_info(tenant, id, "submitted by tenant %s: task %s, %d steps", tenant, spec.task, spec.max_steps);
     return 0;
 fail:
     free(blob);
@@ -577,7 +577,7 @@ static int op_job_cancel(api_t *a, const char *tenant, bool admin, const proto_r
         if (store_hset(a->st, key, 2, f, v, err)) return -1;
         sched_cancel(a->sc, job);
         snprintf(status, sizeof status, "cancelled");
-        logj_info(job, "cancelled by tenant %s", tenant);
+        logt_info(tenant, job, "cancelled by tenant %s", tenant);
     }
     proto_args_str(res, "status", status);
     return 0;

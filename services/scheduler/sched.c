@@ -86,7 +86,7 @@ struct sched {
     // live counters (sched_set_metrics); handles of the families
     metrics_t *met;
     int m_running, m_queued, m_tasks, m_issued, m_expired, m_lost, m_job_step, m_job_in_rollout, m_job_at_trainer,
-        m_job_episodes, m_job_acc, m_job_active;
+        m_job_episodes, m_job_acc, m_job_active, m_job_running;
     uint64_t issued, expired, lost;
 };
 
@@ -126,13 +126,18 @@ static void publish(sched_t *s, const sjob_t *j, const char *what, double acc) {
     zsock_send(s->events, "ss", "job", ev);
 }
 
+// The job's tenant, for log lines (NULL before its record named one).
+static const char *tenant_of(const sched_t *s, const sjob_t *j) {
+    return j->tenant >= 0 && j->tenant < s->n_tenants ? s->tenants[j->tenant].id : NULL;
+}
+
 static void set_state(sched_t *s, sjob_t *j, jstate_t st, const char *error) {
     j->state = st;
     char now[32];
     snprintf(now, sizeof now, "%ld", (long)time(NULL));
     const char *f[3] = {JOB_STATUS, JOB_UPDATED, JOB_ERROR}, *v[3] = {state_name[st], now, error ? error : ""};
     hset(s, j->id, error ? 3 : 2, f, v);
-    logj_info(j->id, "status %s%s%s", state_name[st], error ? ": " : "", error ? error : "");
+    logt_info(tenant_of(s, j), j->id, "status %s%s%s", state_name[st], error ? ": " : "", error ? error : "");
     publish(s, j, "status", -1);
 }
 
@@ -301,7 +306,8 @@ int sched_restore(sched_t *s, char *err) {
         }
         add(s, j);
         loaded++;
-        logj_info(j->id, "restored: status %s, step %u, version %u", state_name[j->state], j->step, j->version);
+        logt_info(tenant_of(s, j), j->id, "restored: status %s, step %u, version %u", state_name[j->state], j->step,
+                  j->version);
     }
     store_strv_free(&ids, n);
     return loaded;
@@ -458,7 +464,7 @@ static void eval_done(sched_t *s, sjob_t *j) {
         const char *f0[1] = {JOB_EVAL_ACC0}, *v0[1] = {v[1]};
         hset(s, j->id, 1, f0, v0);
     }
-    logj_info(j->id, "eval step=%u accuracy=%.3f [%.3f, %.3f] n=%llu", j->eval_step, acc, lo, hi,
+    logt_info(tenant_of(s, j), j->id, "eval step=%u accuracy=%.3f [%.3f, %.3f] n=%llu", j->eval_step, acc, lo, hi,
               (unsigned long long)j->eval_n);
     j->eval_round = 0;
     j->last_acc = acc;
@@ -483,6 +489,7 @@ static void export_job(sched_t *s, const sjob_t *j) {
     metrics_set(s->met, s->m_job_at_trainer, j->id, j->at_trainer);
     metrics_set(s->met, s->m_job_episodes, j->id, (double)j->episodes);
     metrics_set(s->met, s->m_job_active, j->id, j->state == JS_QUEUED || j->state == JS_RUNNING);
+    metrics_set(s->met, s->m_job_running, j->id, j->state == JS_RUNNING);
 }
 
 void sched_set_metrics(sched_t *s, metrics_t *m) {
@@ -505,6 +512,8 @@ void sched_set_metrics(sched_t *s, metrics_t *m) {
     s->m_job_acc = metrics_def_job(m, "marlaas_scheduler_job_eval_accuracy", MET_GAUGE,
                                "Greedy accuracy of the job's last eval, per job.");
     s->m_job_active = metrics_def_job(m, "marlaas_scheduler_job_active", MET_GAUGE, "1 while the job is queued or running.");
+    s->m_job_running = metrics_def_job(m, "marlaas_scheduler_job_running", MET_GAUGE,
+                                       "1 while the job is running (admitted and not finished).");
 }
 
 int sched_export(sched_t *s) {
@@ -549,8 +558,8 @@ void sched_tick(sched_t *s) {
             free(k.index);
             continue;
         }
-        logj_warn(j->id, "task %llu: no result within %.0f s; issuing its %u prompts again", (unsigned long long)k.id,
-                  s->cfg.lease_s, k.n);
+        logt_warn(tenant_of(s, j), j->id, "task %llu: no result within %.0f s; issuing its %u prompts again",
+                  (unsigned long long)k.id, s->cfg.lease_s, k.n);
         s->expired++;
         if (k.kind == PROTO_KIND_TRAIN) j->in_rollout -= (int)k.n;
         uint32_t ver;
@@ -567,8 +576,8 @@ void sched_tick(sched_t *s) {
         sjob_t *j = s->jobs[i];
         if (j->state == JS_RUNNING &&
             policy_trainer_lost(now, j->last_step_time, s->cfg.train_lease_s, j->at_trainer, j->spec.prompts)) {
-            logj_warn(j->id, "%d groups at the trainer with no step for %.0f s; counting them as lost", j->at_trainer,
-                      s->cfg.train_lease_s);
+            logt_warn(tenant_of(s, j), j->id, "%d groups at the trainer with no step for %.0f s; counting them as lost",
+                      j->at_trainer, s->cfg.train_lease_s);
             s->lost += (uint64_t)j->at_trainer;
             j->at_trainer = 0;
             j->sync_waiting = false;

@@ -228,7 +228,7 @@ static double tenant_weight(tjobs_t *t, const char *name, bool loud) {
     if (store_hget(t->st, key, TENANT_WEIGHT, &v, NULL, err) != 0) return 1.0;
     double w = strtod(v, &end);
     bool ok = end != v && !*end && isfinite(w) && w > 0 && w <= 100;
-    if (!ok && loud) log_warn("tenant %s: weight '%.40s' is not a number in (0, 100]; the trainer uses 1", name, v);
+    if (!ok && loud) logt_warn(name, NULL, "tenant %s: weight '%.40s' is not a number in (0, 100]; the trainer uses 1", name, v);
     free(v);
     return ok ? w : 1.0;
 }
@@ -570,7 +570,8 @@ static void refresh_weights(tjobs_t *t, double now) {
         ttenant_t *e = &t->tinfo[i];
         if (e->refs == 0 || now - e->weight_read < TENANT_WEIGHT_S) continue;
         double w = tenant_weight(t, e->name, false);
-        if (w != t->ten[i].weight) log_info("tenant %s: fair-share weight %g (was %g)", e->name, w, t->ten[i].weight);
+        if (w != t->ten[i].weight)
+            logt_info(e->name, NULL, "tenant %s: fair-share weight %g (was %g)", e->name, w, t->ten[i].weight);
         t->ten[i].weight = w;
         e->weight_read = now;
     }
@@ -640,7 +641,9 @@ static void finish(tjobs_t *t, tjob_t *j, const rl_batch_job_t *bj, const rl_ste
     out->dropped = j->dropped;
     j->dropped = 0;
     j->last_used = util_now();
-    logj_info(j->id, "step=%u version=%u reward=%.3f kl=%.4f clip=%.3f mismatch=%s staleness=%.2f tokens=%.0f "
+    const char *tenant = t->tinfo[j->tenant].name;
+    logt_info(tenant[0] ? tenant : NULL, j->id,
+              "step=%u version=%u reward=%.3f kl=%.4f clip=%.3f mismatch=%s staleness=%.2f tokens=%.0f "
               "train_s=%.3f turns=%s env_tokens=%s",
               j->step, j->version, bj->reward_sum / bj->samples, ls->kl, ls->clip_frac, nm == 17 ? v[16] : "-",
               bj->staleness_sum / j->spec.prompts, bj->tokens, sj->seconds, v[14], v[15]);

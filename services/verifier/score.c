@@ -181,7 +181,7 @@ static vjob_t *job_get(scorer_t *s, const char *id) {
         j->ok = false;
         snprintf(j->error, sizeof j->error, "%s endpoint %.60s refused: %.150s", env ? "env" : "reward", ep, why);
     }
-    if (!j->ok) logj_error(id, "cannot score this job: %s", j->error);
+    if (!j->ok) logt_error(j->tenant[0] ? j->tenant : NULL, id, "cannot score this job: %s", j->error);
     if (free_i >= 0) s->jobs[free_i] = j;
     else j->private_copy = true;
     return j;
@@ -202,8 +202,9 @@ static void job_warn(vjob_t *j, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (j->quiet) logj_warn(j->id, "%s (%u more failures in the last %.0f s)", msg, j->quiet, now - j->warned);
-    else logj_warn(j->id, "%s", msg);
+    const char *tenant = j->tenant[0] ? j->tenant : NULL;
+    if (j->quiet) logt_warn(tenant, j->id, "%s (%u more failures in the last %.0f s)", msg, j->quiet, now - j->warned);
+    else logt_warn(tenant, j->id, "%s", msg);
     j->warned = now;
     j->quiet = 0;
 }

@@ -193,7 +193,7 @@ metric() {
 #   svc_stop NAME [SIGNAL]             signals a service (default TERM) and waits until it is gone
 #   svc_start NAME [service flags]     starts another instance with the settings `marlaas up` used
 #                                      (log $RUN/logs/NAME2.log, NAME3.log, ... in $SVC_LOG), waits
-#                                      until it logs "ready:"
+#                                      until it logs "ready:" (text or json log format)
 #   svc_restart NAME [service flags]   svc_stop NAME TERM, then svc_start NAME [flags]
 # svc_start records the new pid in $RUN/pids in place of the old one, so `marlaas down` (and
 # cluster_down) stops it like the rest of the cluster.
@@ -254,7 +254,8 @@ svc_start() {
         echo "$name $pid" >> "$RUN/pids"
     fi
     for _ in $(seq 1 300); do
-        if grep -q " ready: " "$log"; then return 0; fi
+        # the ready line in either log format (text, or json's "message")
+        if grep -qE ' ready: |"message":"ready: ' "$log"; then return 0; fi
         if ! svc_alive "$pid"; then
             echo "svc_start: $name exited at start; $log:" >&2
             cat "$log" >&2

@@ -72,6 +72,11 @@ echo "rollout tokens/s $tps, trainer busy fraction $busy"
 check "rollout tokens/s > 0" gt "$tps" 0
 check "trainer busy fraction in (0, 1.05]" sh -c "awk -v b='$busy' 'BEGIN {exit !(b > 0 && b <= 1.05)}'"
 check "rollout sees a verifier" [ "$(metric "$ROL" marlaas_rollout_verifiers)" = 1 ]
+check "scheduler: the job is running" [ "$(metric "$SCH" marlaas_scheduler_job_running "$job")" = 1 ]
+recent() { awk -v a="${1:-}" 'BEGIN {exit !(a != "" && a + 0 >= 0 && a + 0 < 5)}'; }
+for addr in "$SCH" "$ROL" "$VER" "$TRA"; do
+    check "$addr: main loop turned within 5 s (marlaas_loop_age_seconds)" recent "$(metric "$addr" marlaas_loop_age_seconds)"
+done
 
 wait_jobs "$T" 300
 # the services' next exports carry the job's end (every 2 s)
@@ -86,6 +91,7 @@ check "job done" [ "$(job_field "$T" "$job" status)" = done ]
 check "trainer at the final step" [ "$st" = $STEPS ]
 check "scheduler at the final step" [ "$ss" = $STEPS ]
 check "scheduler job no longer active" [ "$active" = 0 ]
+check "scheduler job no longer running" [ "$(metric "$SCH" marlaas_scheduler_job_running "$job")" = 0 ]
 check "every training sample scored" ge "$vs" $((STEPS * 16 * 8))
 check "no errors in the trainer" [ "$(metric "$TRA" marlaas_errors_total)" = 0 ]
 check "API requests counted" gt "$(metric "$SCH" marlaas_api_requests_total)" 2

@@ -161,9 +161,20 @@ Test(metrics, health_and_readiness) {
     cr_assert_eq(st, 503);
     cr_assert(strstr(b, "main loop of rollout has not turned"), "%s", b);
     free(b);
+    // the age of the loop's last turn is exported (alerts fire before the liveness probe)
+    char l[256];
+    b = metrics_render(m, &len);
+    cr_assert(strstr(b, "# TYPE marlaas_loop_age_seconds gauge\n"), "%s", b);
+    cr_assert_not_null(line_of(b, "marlaas_loop_age_seconds", l, sizeof l));
+    cr_assert_geq(atof(l + strlen("marlaas_loop_age_seconds ")), 0.1, "%s", l);
+    free(b);
     metrics_alive(m);
     b = metrics_health(m, &st, &len);
     cr_assert_eq(st, 200);
+    free(b);
+    b = metrics_render(m, &len);
+    cr_assert_not_null(line_of(b, "marlaas_loop_age_seconds", l, sizeof l));
+    cr_assert_lt(atof(l + strlen("marlaas_loop_age_seconds ")), 0.1, "%s", l);
     free(b);
     metrics_destroy(&m);
 }
