@@ -152,6 +152,17 @@ $(BUILD)/bin/marlaas-$(1): $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard services/$
 endef
 $(foreach s,$(SERVICES),$(eval $(call svc_rule,$(s))))
 
+# The web console's files (services/scheduler/console/) compiled into the scheduler: a generated C
+# file of their bytes (scripts/embed_assets.sh, xxd), so the binary serves them with no file around.
+CONSOLE_FILES := $(sort $(wildcard services/scheduler/console/*))
+$(BUILD)/gen/console_assets.c: $(CONSOLE_FILES) scripts/embed_assets.sh
+	@mkdir -p $(dir $@)
+	bash scripts/embed_assets.sh $@ $(CONSOLE_FILES)
+$(BUILD)/obj/gen/console_assets.o: $(BUILD)/gen/console_assets.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/bin/marlaas-scheduler: $(BUILD)/obj/gen/console_assets.o
+
 $(UNIT_BIN): $(UNIT_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion

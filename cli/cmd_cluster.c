@@ -216,9 +216,14 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     snprintf(threads_env, sizeof threads_env, "MARLAAS_THREADS=%ld", o->threads);
     // Each service gets one thread: on a small machine the rollout and the trainer then each
     // own a core instead of spinning against each other.
-    char http_env[64];
-    char *extra[16] = {env[0], env[1], env[2], env[3], env[4], env[5], env[6], env[7], env[8], env[9],
-                       model_env, policy_env, threads_env, http_env, sec_env, NULL};
+    char http_env[64], console_env[64] = "MARLAAS_CONSOLE=off";
+    char *extra[17] = {env[0], env[1], env[2], env[3], env[4], env[5], env[6], env[7], env[8], env[9],
+                       model_env, policy_env, threads_env, http_env, sec_env, console_env, NULL};
+    // the web console: the scheduler's, on loopback, port base + 40 (written to RUN/console)
+    char consolef[4200];
+    snprintf(consolef, sizeof consolef, "%s/console", o->run);
+    FILE *cf = fopen(consolef, "w");
+    if (cf) fprintf(cf, "http://127.0.0.1:%ld/\n", b + 40), fclose(cf);
     // each service's /healthz /readyz /metrics on loopback, port base + 30 + i; listed in RUN/http
     char httpf[4200];
     snprintf(httpf, sizeof httpf, "%s/http", o->run);
@@ -226,6 +231,8 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     for (int i = 0; i < 4; i++) {
         char exe[4200], log[4200];
         snprintf(http_env, sizeof http_env, "MARLAAS_HTTP=127.0.0.1:%ld", b + 30 + i);
+        if (i == 0) snprintf(console_env, sizeof console_env, "MARLAAS_CONSOLE=127.0.0.1:%ld", b + 40);
+        else snprintf(console_env, sizeof console_env, "MARLAAS_CONSOLE=off");
         if (hf) fprintf(hf, "%s 127.0.0.1:%ld\n", services[i], b + 30 + i);
         snprintf(exe, sizeof exe, "%s/marlaas-%s", bdir, services[i]);
         snprintf(log, sizeof log, "%s/%s.log", logs, services[i]);
@@ -262,8 +269,9 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
         return -1;
     }
     fprintf(stderr, "up: redis-server on 127.0.0.1:%d, API on %s, model %s, policy %s; logs in %s, settings in %s; "
-            "metrics at http://127.0.0.1:%ld..%ld/metrics (%s)\n",
-            rport, ep, o->model, o->policy, logs, envf, b + 30, b + 33, httpf);
+            "metrics at http://127.0.0.1:%ld..%ld/metrics (%s)\n"
+            "up: web console at http://127.0.0.1:%ld/ (log in with a tenant token, or the admin token in %s: read-only)\n",
+            rport, ep, o->model, o->policy, logs, envf, b + 30, b + 33, httpf, b + 40, envf);
     return 0;
 }
 
@@ -394,6 +402,17 @@ int cmd_demo(int argc, char **argv) {
         proto_rep_free(&rep);
         client_destroy(&c);
         fprintf(stderr, "demo: tenant %s submitted %s on task %s\n", tenants[i % 2], jobs[i], tasks[i]);
+    }
+    // the web console: the tenants' tokens in a file of the run directory (owner only)
+    {
+        char tf[4200];
+        snprintf(tf, sizeof tf, "%s/demo-tokens", o.run);
+        int fd = open(tf, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+        for (int t = 0; f && t < 2; t++) fprintf(f, "%s %s\n", tenants[t], tokens[t]);
+        if (f) fclose(f);
+        fprintf(stderr, "demo: web console at http://127.0.0.1:%ld/ : log in with a tenant's token from %s\n",
+                o.port_base + 40, tf);
     }
     // watch both tenants' jobs until all finish
     char bdir[4096], exe[4200];

@@ -678,6 +678,39 @@ int store_smembers(store_t *s, const char *key, char ***members, int *n, char *e
     return rc;
 }
 
+int store_scan(store_t *s, const char *pattern, int max, char ***keys, int *n, char *err) {
+    *keys = NULL;
+    *n = 0;
+    char cursor[32] = "0";
+    int cap = 0;
+    do {
+        const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "200"};
+        redisReply *r = store_run(s, 6, argv, NULL, T(ARRAY), err);
+        if (!r) goto fail;
+        if (r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY ||
+            store_check_strings(r->element[1], "SCAN", err)) {
+            if (r->elements != 2) err_set(err, "redis SCAN: malformed reply");
+            freeReplyObject(r);
+            goto fail;
+        }
+        snprintf(cursor, sizeof cursor, "%.*s", (int)r->element[0]->len, r->element[0]->str);
+        const redisReply *a = r->element[1];
+        for (size_t i = 0; i < a->elements && *n < max; i++) {
+            if (*n == cap) {
+                cap = cap ? 2 * cap : 16;
+                *keys = xrealloc(*keys, (size_t)cap * sizeof **keys);
+            }
+            (*keys)[(*n)++] = store_dup(a->element[i]->str, a->element[i]->len);
+        }
+        freeReplyObject(r);
+    } while (strcmp(cursor, "0") && *n < max);
+    return 0;
+fail:
+    store_strv_free(keys, *n);
+    *n = 0;
+    return -1;
+}
+
 void store_strv_free(char ***v, int n) {
     if (!v || !*v) return;
     for (int i = 0; i < n; i++) free((*v)[i]);

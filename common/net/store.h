@@ -214,6 +214,10 @@ int store_srem(store_t *s, const char *key, int n, const char **members, int64_t
 // store_strv_free); a missing set is an empty one (0, *members NULL, *n 0). -1 + err.
 int store_smembers(store_t *s, const char *key, char ***members, int *n, char *err);
 
+// SCAN with MATCH pattern (a full key: give the prefix, store_key) until the cursor returns or max
+// keys are found. 0 with *keys (*n strings, in no order; store_strv_free), -1 + err.
+int store_scan(store_t *s, const char *pattern, int max, char ***keys, int *n, char *err);
+
 // Frees an array of n strings and sets *v to NULL. Accepts NULL.
 void store_strv_free(char ***v, int n);
 

@@ -144,6 +144,7 @@ static void heartbeat(svc_loop_t *l, double now) {
     svc_beat_add(&b, "up_s", "%.3f", b.up_s);
     svc_beat_add(&b, "received", "%llu", (unsigned long long)l->s->received);
     svc_beat_add(&b, "rejected", "%llu", (unsigned long long)l->s->rejected);
+    svc_beat_add(&b, "queue", "%.0f", b.queue);
     const char *v[SVC_BEAT_MAX];
     for (int i = 0; i < b.n; i++) v[i] = b.value[i];
     if (l->st) svc_heartbeat(l->s, l->st, SVC_HEARTBEAT_TTL_S, b.n, b.field, v);

@@ -633,7 +633,7 @@ static int op_adapter_get(api_t *a, const char *tenant, bool admin, const proto_
     return 0;
 }
 
-static void handle(api_t *a, const proto_req_t *q, proto_rep_t *rep) {
+void api_handle(api_t *a, const proto_req_t *q, proto_rep_t *rep) {
     char err[ERR_LEN] = "", tenant[PROTO_MAX_ID] = "";
     bool admin = is_admin(a, q->token);
     int rc;
@@ -660,6 +660,13 @@ static void handle(api_t *a, const proto_req_t *q, proto_rep_t *rep) {
         rep->error = xstrdup(err[0] ? err : "failed");
         proto_args_free(&rep->result);
     }
+}
+
+int api_whoami(api_t *a, const char *token, char tenant[PROTO_MAX_ID], bool *admin, char *err) {
+    tenant[0] = 0;
+    *admin = token && is_admin(a, token);
+    if (*admin) return 0;
+    return tenant_of(a, token, tenant, err);
 }
 
 void api_counts(const api_t *a, uint64_t *requests, uint64_t *errors) {
@@ -694,7 +701,7 @@ void api_serve(api_t *a, zsock_t *router) {
             a->n_req++, a->n_err++;
         } else {
             rep.id = q.id;
-            handle(a, &q, &rep);
+            api_handle(a, &q, &rep);
             proto_req_free(&q);
         }
         proto_buf_t buf = {0};

@@ -42,6 +42,12 @@ void api_set_endpoint_rules(api_t *a, endpoint_rules_t *rules);
 int api_set_serving(api_t *a, int max_context, int kv_mb, char *err);
 // Reads and answers every request waiting on the ROUTER socket.
 void api_serve(api_t *a, zsock_t *router);
+// Answers one decoded request (what api_serve does for each request on the socket): the same
+// authorization and operations for every caller, the web console (console.c) included.
+void api_handle(api_t *a, const proto_req_t *q, proto_rep_t *rep);
+// Who a token is: *admin for the admin token (tenant ""), else its tenant id. -1 + err ("invalid
+// token", "missing token") when it is neither.
+int api_whoami(api_t *a, const char *token, char tenant[PROTO_MAX_ID], bool *admin, char *err);
 // Requests answered so far, and how many of them with an error.
 void api_counts(const api_t *a, uint64_t *requests, uint64_t *errors);
 

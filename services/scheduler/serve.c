@@ -9,12 +9,14 @@
 #include "common/net/bus.h"
 #include "common/util/log.h"
 #include "services/scheduler/api.h"
+#include "services/scheduler/console.h"
 
 struct scheduler {
     svc_t *s;
     zsock_t *api_sock, *work, *events, *reports;
     sched_t *sc;
     api_t *api;
+    console_t *console;            // the web console (NULL: off)
     chat_template_t *chat;
     uint64_t reports_in;
     int m_api, m_api_err;
@@ -91,6 +93,14 @@ scheduler_t *scheduler_open(svc_t *s, store_t *st, const sched_cfg_t *cfg, const
     if (!c->chat) log_info("no chat template: chat jobs are refused (%s)", chat_err);
     sched_set_chat(c->sc, c->chat, chat_err);
     api_set_chat(c->api, c->chat, chat_err);
+    // The web console: off unless --set console=HOST:PORT or MARLAAS_CONSOLE names a port.
+    const char *con = svc_extra(s, "console", NULL);
+    if (!con) con = getenv("MARLAAS_CONSOLE");
+    c->console = console_start(con, c->api, st, err);
+    if (!c->console && err[0]) {
+        scheduler_close(&c);
+        return NULL;
+    }
     int restored = sched_restore(c->sc, e2);
     if (restored < 0) log_warn("jobs not restored: %s", e2);
     log_info("ready: policy %s, %d jobs restored, id %s", svc_get(s, SVC_POLICY), restored < 0 ? 0 : restored, s->id);
@@ -121,6 +131,7 @@ static int on_report(void *ctx, zframe_t *f, char *err) {
 // Issuing, lease expiry and completion, every turn: the loop turns at least every 5 ms.
 static int tick(void *ctx) {
     sched_tick(((scheduler_t *)ctx)->sc);
+    console_run(((scheduler_t *)ctx)->console);
     return -1;
 }
 
@@ -150,6 +161,7 @@ void scheduler_close(scheduler_t **pc) {
     if (c->api)
         log_info("stopping: %llu reports, %llu rejected", (unsigned long long)c->reports_in,
                  (unsigned long long)c->s->rejected);
+    console_stop(&c->console);
     api_destroy(&c->api);
     sched_destroy(&c->sc);
     chat_template_destroy(&c->chat);

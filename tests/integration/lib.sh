@@ -8,6 +8,7 @@
 #   job_field TOKEN JOB FIELD          prints a field of `marlaas status JOB`
 #   svc_pid NAME                       pid of a service of the cluster
 #   svc_http NAME                      HOST:PORT of a service's /healthz /readyz /metrics
+#   console_url                        the web console's URL (the scheduler's, `marlaas up` turns it on)
 #   metric HOSTPORT NAME [JOB]         a value from GET /metrics (empty when absent)
 #   free_low_port                      a free loopback port for an example service
 #   check DESCRIPTION COMMAND...       runs COMMAND; when it fails prints "FAILED: DESCRIPTION" and
@@ -35,7 +36,7 @@ free_port_base() {
     [ "$span" -ge 1 ] || span=1
     for _ in $(seq 1 50); do
         base=$(( 10000 + (RANDOM % span) * 100 ))
-        if ! (ss -ltn 2>/dev/null | awk '{print $4}' | grep -qE ":(${base}|$((base + 1))|$((base + 2))|$((base + 3))|$((base + 10))|$((base + 20))|$((base + 21))|$((base + 30))|$((base + 31))|$((base + 32))|$((base + 33)))\$"); then
+        if ! (ss -ltn 2>/dev/null | awk '{print $4}' | grep -qE ":(${base}|$((base + 1))|$((base + 2))|$((base + 3))|$((base + 10))|$((base + 20))|$((base + 21))|$((base + 30))|$((base + 31))|$((base + 32))|$((base + 33))|$((base + 40)))\$"); then
             echo "$base"
             return
         fi
@@ -179,6 +180,10 @@ svc_http() {
     awk -v n="$1" '$1==n{print $2}' "$RUN/http" | tail -n 1
 }
 
+console_url() {
+    head -n 1 "$RUN/console"
+}
+
 metric() {
     local addr=$1 name=$2 job=${3:-}
     if [ -n "$job" ]; then
@@ -289,7 +294,7 @@ low_port_base() {
     fi
     for _ in $(seq 1 50); do
         base=$(( 10000 + (RANDOM % ((lo - 10100) / 100)) * 100 ))
-        if ! (ss -ltn 2>/dev/null | awk '{print $4}' | grep -qE ":(${base}|$((base + 1))|$((base + 2))|$((base + 3))|$((base + 10))|$((base + 20))|$((base + 21))|$((base + 30))|$((base + 31))|$((base + 32))|$((base + 33)))\$"); then
+        if ! (ss -ltn 2>/dev/null | awk '{print $4}' | grep -qE ":(${base}|$((base + 1))|$((base + 2))|$((base + 3))|$((base + 10))|$((base + 20))|$((base + 21))|$((base + 30))|$((base + 31))|$((base + 32))|$((base + 33))|$((base + 40)))\$"); then
             echo "$base"
             return
         fi
