@@ -128,6 +128,8 @@ function renderJobsHead() {
       jobsSort = {key, dir: jobsSort.key === key ? -jobsSort.dir : 1};
       renderJobsHead();
       renderJobs(lastJobs);
+      // the header was rebuilt: keep the keyboard's place
+      document.querySelector(`#jobs-table th[data-key="${key}"] button`).focus();
     });
     th.appendChild(b);
     tr.appendChild(th);
@@ -369,7 +371,14 @@ async function refresh() {
   } catch (e) {
     if (e.status !== 401) {
       const v = VIEWS.find((x) => !$('view-' + x).hidden);
-      if (v === 'job') $('job-summary').textContent = 'error: ' + e.message;
+      if (v === 'job') {
+        // nothing of an earlier job stays on the page
+        for (const id of ['job-charts', 'job-adapters', 'job-samples']) clear($(id));
+        $('job-title').textContent = '';
+        $('job-spec').textContent = '';
+        $('cancel').hidden = true;
+        $('job-summary').textContent = 'error: ' + e.message;
+      }
     }
   } finally {
     busy = false;
