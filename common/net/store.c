@@ -740,6 +740,17 @@ int store_rpush(store_t *s, const char *key, int n, const void *const *items, co
     return rc;
 }
 
+int store_ltrim(store_t *s, const char *key, long start, long stop, char *err) {
+    char a[24], b[24];
+    snprintf(a, sizeof a, "%ld", start);
+    snprintf(b, sizeof b, "%ld", stop);
+    const char *argv[] = {"LTRIM", key, a, b};
+    redisReply *r = store_run(s, 4, argv, NULL, T(STATUS), err);
+    if (!r) return -1;
+    freeReplyObject(r);
+    return 0;
+}
+
 int store_lrange(store_t *s, const char *key, long start, long stop, store_buf_t **items, int *n,
                  char *err) {
     *items = NULL;

@@ -228,6 +228,9 @@ void store_strv_free(char ***v, int n);
 int store_rpush(store_t *s, const char *key, int n, const void *const *items, const size_t *lens,
                 int64_t *list_len, char *err);
 
+// LTRIM key start stop (indices as LRANGE's: -8 -1 keeps the last 8). 0, -1 + err.
+int store_ltrim(store_t *s, const char *key, long start, long stop, char *err);
+
 // LRANGE key start stop (Redis indexing: 0 first, -1 last, both inclusive). 0 with *items
 // (*n entries; free with store_bufv_free); a missing list is an empty one. -1 + err.
 int store_lrange(store_t *s, const char *key, long start, long stop, store_buf_t **items, int *n,

@@ -7,6 +7,9 @@ const char *key_job(const store_t *st, char *buf, size_t n, const char *job) {
 const char *key_job_data(const store_t *st, char *buf, size_t n, const char *job) {
     return store_key(st, buf, n, "job:%s:data", job);
 }
+const char *key_job_samples(const store_t *st, char *buf, size_t n, const char *job) {
+    return store_key(st, buf, n, "job:%s:samples", job);
+}
 const char *key_jobs(const store_t *st, char *buf, size_t n) { return store_key(st, buf, n, "jobs"); }
 const char *key_tenant_jobs(const store_t *st, char *buf, size_t n, const char *tenant) {
     return store_key(st, buf, n, "jobs:%s", tenant);

@@ -4,6 +4,8 @@
 //
 //   job:{id}            hash: the job's record (fields below)
 //   job:{id}:data       list: its uploaded dataset, one record per entry
+//   job:{id}:samples    list: the latest scored samples (JSON: version, reward, completion cut at
+//                       JOB_SAMPLE_MAX_BYTES), JOB_SAMPLES_KEPT of them (verifier; the console shows them)
 //   jobs                set: every job id
 //   jobs:{tenant}       set: the tenant's job ids
 //   jobs:seq            counter: the last job number (ids are j-N)
@@ -46,6 +48,8 @@
 #define JOB_EVAL_HI "eval_hi"
 #define JOB_EVAL_N "eval_n"
 #define JOB_EVAL_ACC0 "eval_acc0"
+#define JOB_SAMPLES_KEPT 8            // job:{id}:samples: the latest scored samples kept
+#define JOB_SAMPLE_MAX_BYTES 1024     // a kept sample's completion text, cut at a character boundary
 #define JOB_DATA_BYTES "data_bytes"   // bytes of the uploaded dataset (absent: none)
 // Fields of a tenant:{name} hash.
 #define TENANT_NAME "name"
@@ -60,6 +64,7 @@
 
 const char *key_job(const store_t *st, char *buf, size_t n, const char *job);
 const char *key_job_data(const store_t *st, char *buf, size_t n, const char *job);
+const char *key_job_samples(const store_t *st, char *buf, size_t n, const char *job);
 const char *key_jobs(const store_t *st, char *buf, size_t n);
 const char *key_tenant_jobs(const store_t *st, char *buf, size_t n, const char *tenant);
 const char *key_job_seq(const store_t *st, char *buf, size_t n);

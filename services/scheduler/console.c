@@ -353,6 +353,16 @@ static enum MHD_Result h_job(console_t *c, struct MHD_Connection *con, const ses
         cJSON_AddItemToObject(o, "job", st);
         // the adapter versions still kept (the trainer keeps the latest few): the API decided above
         // that this session may see the job
+        cJSON *samples = cJSON_AddArrayToObject(o, "samples");
+        char skey[KEY_LEN], e3[ERR_LEN];
+        store_buf_t *items = NULL;
+        int ni = 0;
+        if (key_job_samples(c->st, skey, sizeof skey, job) && store_lrange(c->st, skey, 0, -1, &items, &ni, e3) == 0)
+            for (int i = ni - 1; i >= 0; i--) {   // newest first
+                cJSON *it = cJSON_Parse((const char *)items[i].data);
+                if (it) cJSON_AddItemToArray(samples, it);
+            }
+        store_bufv_free(&items, ni);
         cJSON *vers = cJSON_AddArrayToObject(o, "adapters");
         double cur = num(st, "adapter_version", 0);
         for (double v = cur; v >= 0 && v > cur - MAX_ADAPTERS; v--) {

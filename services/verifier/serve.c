@@ -2,15 +2,20 @@
 #include "services/verifier/serve.h"
 
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/net/bus.h"
+#include "common/rl/keys.h"
 #include "common/util/log.h"
 #include "services/verifier/score.h"
 
 struct verifier {
     svc_t *s;
+    store_t *st;              // for the kept samples (job:{id}:samples)
     scorer_t *sc;
     endpoint_rules_t *rules;  // where tenants' services may be (svc_endpoint_rules)
     zsock_t *in, *train, *rep;
@@ -29,6 +34,7 @@ static void on_refused_reply(void *ctx, const char *msg) {
 verifier_t *verifier_open(svc_t *s, store_t *st, char *err) {
     verifier_t *v = xcalloc(1, sizeof *v);
     v->s = s;
+    v->st = st;
     metrics_t *met = s->met;
     v->m_batches = metrics_def(met, "marlaas_verifier_batches_total", MET_COUNTER, "Batches fully scored.");
     v->m_samples = metrics_def(met, "marlaas_verifier_samples_total", MET_COUNTER, "Samples scored.");
@@ -98,6 +104,43 @@ static void send_continuation(verifier_t *v, const proto_batch_t *b) {
     proto_buf_free(&buf);
 }
 
+// One sample of a scored training batch (the first group's best) kept in job:{id}:samples, the
+// latest JOB_SAMPLES_KEPT, each completion cut at JOB_SAMPLE_MAX_BYTES on a character boundary: what
+// the web console shows as the job's recent completions. A failed write costs only that sample.
+static void keep_sample(verifier_t *v, const proto_batch_t *b) {
+    if (!v->st || b->kind != PROTO_KIND_TRAIN || !b->n_groups || !b->groups[0].n_samples) return;
+    const proto_group_t *g = &b->groups[0];
+    const proto_sample_t *best = &g->samples[0];
+    for (uint32_t k = 1; k < g->n_samples; k++)
+        if (g->samples[k].reward > best->reward) best = &g->samples[k];
+    const char *t = best->text ? best->text : "";
+    size_t n = strlen(t);
+    if (n > JOB_SAMPLE_MAX_BYTES) {
+        n = JOB_SAMPLE_MAX_BYTES;
+        while (n > 0 && ((unsigned char)t[n] & 0xC0) == 0x80) n--;
+    }
+    char *cut = xmalloc(n + 1);
+    memcpy(cut, t, n);
+    cut[n] = 0;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "version", b->adapter_version);
+    cJSON_AddNumberToObject(o, "reward", best->reward);
+    cJSON_AddNumberToObject(o, "group_size", g->n_samples);
+    cJSON_AddStringToObject(o, "completion", cut);
+    cJSON_AddNumberToObject(o, "time", (double)time(NULL));
+    free(cut);
+    char *js = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    char key[KEY_LEN], err[ERR_LEN];
+    if (js && key_job_samples(v->st, key, sizeof key, b->job)) {
+        const void *item[1] = {js};
+        size_t len[1] = {strlen(js)};
+        if (store_rpush(v->st, key, 1, item, len, NULL, err) || store_ltrim(v->st, key, -JOB_SAMPLES_KEPT, -1, err))
+            logj_warn(b->job, "sample not kept: %s", err);
+    }
+    cJSON_free(js);
+}
+
 // A scored batch: training groups to the trainer, the task's results to the scheduler.
 static void send_scored(verifier_t *v, const proto_batch_t *b) {
     metrics_t *met = v->s->met;
@@ -126,6 +169,7 @@ static void send_scored(verifier_t *v, const proto_batch_t *b) {
     proto_buf_free(&buf);
     if (!proto_report_encode(&r, &buf)) bus_send(v->rep, &buf);
     proto_buf_free(&buf);
+    keep_sample(v, b);
     v->scored++;
 }
 

@@ -102,6 +102,8 @@ try {
   const adapters = await page.$$eval('#job-adapters a', (as) => as.map((a) => a.getAttribute('href')));
   check('adapter versions with download links', adapters.length > 0 && adapters.every((h) => h.startsWith('/api/adapter?id=')),
         adapters.join(','));
+  const samples = await page.$$eval('#job-samples .sample pre', (ps) => ps.map((p) => p.textContent));
+  check(`sample completions with their rewards (${samples.length})`, samples.length > 0 && samples.length <= 8);
   const cancelVisible = await page.$eval('#cancel', (b) => !b.hidden);
   check('the tenant sees a cancel button on its running job', cancelVisible);
   await page.screenshot({path: `${SHOTS}/console-job.png`, fullPage: true});

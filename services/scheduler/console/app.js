@@ -149,7 +149,7 @@ function renderJobs(jobs) {
         td.appendChild(a);
       } else {
         td.textContent = String(jobCell(j, key));
-        if (key === 'name' || key === 'status' || key === 'task') td.className = 'text';
+        if (['name', 'status', 'task', 'tenant'].includes(key)) td.className = 'text';
       }
       tr.appendChild(td);
     }
@@ -280,8 +280,8 @@ async function renderJob(id) {
   } else {
     for (const s of d.samples) {
       const box = el('div', {class: 'sample'});
-      box.appendChild(el('div', {}, `step ${s.step ?? ''} \u00B7 reward ${fmt(s.reward)}`));
-      box.appendChild(el('pre', {}, s.prompt || ''));
+      box.appendChild(el('div', {}, `adapter version ${s.version ?? ''} \u00B7 reward ${fmt(s.reward)}` +
+        ` (best of its group of ${s.group_size ?? '?'})`));
       box.appendChild(el('pre', {}, s.completion || ''));
       sm.appendChild(box);
     }
