@@ -464,6 +464,52 @@ Test(store, lists) {
     store_bufv_free(&v, n);
 }
 
+// LTRIM keeps a list's tail (the verifier's kept samples: the latest JOB_SAMPLES_KEPT).
+Test(store, ltrim_keeps_the_latest) {
+    char err[ERR_LEN] = "", k[64];
+    KEY(k, "list:trim");
+    for (int i = 0; i < 12; i++) {
+        char item[8];
+        snprintf(item, sizeof item, "s%d", i);
+        const void *it[1] = {item};
+        cr_assert_eq(store_rpush(st, k, 1, it, NULL, NULL, err), 0, "%s", err);
+        cr_assert_eq(store_ltrim(st, k, -8, -1, err), 0, "%s", err);
+    }
+    store_buf_t *v = NULL;
+    int n = 0;
+    cr_assert_eq(store_lrange(st, k, 0, -1, &v, &n, err), 0, "%s", err);
+    cr_assert_eq(n, 8);
+    cr_assert_str_eq((char *)v[0].data, "s4");
+    cr_assert_str_eq((char *)v[7].data, "s11");
+    store_bufv_free(&v, n);
+    KEY(k, "list:none");
+    cr_assert_eq(store_ltrim(st, k, -8, -1, err), 0, "a missing list: %s", err);
+}
+
+// SCAN finds keys by pattern across cursor pages, bounded by max (the console's heartbeats).
+Test(store, scan_by_pattern) {
+    char err[ERR_LEN] = "", k[64], pat[64];
+    for (int i = 0; i < 450; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "%s:%d", i % 3 ? "other" : "svc:x", i);
+        KEY(k, "%s", name);
+        cr_assert_eq(store_set(st, k, "1", 1, err), 0, "%s", err);
+    }
+    KEY(pat, "svc:*");
+    char **keys = NULL;
+    int n = 0;
+    cr_assert_eq(store_scan(st, pat, 1000, &keys, &n, err), 0, "%s", err);
+    cr_assert_eq(n, 150, "found %d", n);
+    for (int i = 0; i < n; i++) cr_assert(strstr(keys[i], "svc:x:"), "%s", keys[i]);
+    store_strv_free(&keys, n);
+    cr_assert_eq(store_scan(st, pat, 20, &keys, &n, err), 0, "%s", err);
+    cr_assert_eq(n, 20);
+    store_strv_free(&keys, n);
+    KEY(pat, "nothing:*");
+    cr_assert_eq(store_scan(st, pat, 10, &keys, &n, err), 0, "%s", err);
+    cr_assert(n == 0 && !keys);
+}
+
 Test(store, expire) {
     char err[ERR_LEN] = "", k[64];
     KEY(k, "lease");
