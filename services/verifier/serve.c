@@ -135,7 +135,8 @@ static void keep_sample(verifier_t *v, const proto_batch_t *b) {
     if (js && key_job_samples(v->st, key, sizeof key, b->job)) {
         const void *item[1] = {js};
         size_t len[1] = {strlen(js)};
-        if (store_rpush(v->st, key, 1, item, len, NULL, err) || store_ltrim(v->st, key, -JOB_SAMPLES_KEPT, -1, err))
+        // trimmed first: a reader between the two commands never sees more than JOB_SAMPLES_KEPT
+        if (store_ltrim(v->st, key, -(JOB_SAMPLES_KEPT - 1), -1, err) || store_rpush(v->st, key, 1, item, len, NULL, err))
             logj_warn(b->job, "sample not kept: %s", err);
     }
     cJSON_free(js);
