@@ -39,10 +39,11 @@ def literal(word):
     out = []
     for part in word["Parts"]:
         t = part.get("Type")
+        # shfmt leaves Value out when it is empty ('' is a SglQuoted part without one)
         if t == "Lit":
-            out.append(part["Value"])
+            out.append(part.get("Value", ""))
         elif t == "SglQuoted":
-            out.append(part["Value"])
+            out.append(part.get("Value", ""))
         elif t == "DblQuoted":
             inner = literal(part)
             if inner is None:
