@@ -37,6 +37,8 @@ struct console {
     api_t *api;
     store_t *st;
     int port;
+    uint64_t refused;         // logins refused
+    double refused_logged;    // when the last refusal was logged
     session_t s[CONSOLE_MAX_SESSIONS];
 };
 
@@ -276,7 +278,13 @@ static enum MHD_Result h_login(console_t *c, struct MHD_Connection *con, const r
     bool admin = false;
     if (!token[0] || strlen(token) >= sizeof token - 1 || api_whoami(c->api, token, tenant, &admin, err)) {
         sodium_memzero(token, sizeof token);
-        log_info("console: a login was refused");
+        // one line per 5 s at most: a flood of bad logins cannot fill the disk
+        if (now_s() - c->refused_logged >= 5) {
+            log_warn("console: a login with an invalid token was refused (%llu so far)",
+                     (unsigned long long)c->refused + 1);
+            c->refused_logged = now_s();
+        }
+        c->refused++;
         return send_error(con, 401, "invalid token");
     }
     session_t *s = session_new(c, token, tenant, admin);

@@ -152,6 +152,12 @@ try {
   await adm.waitForFunction(() => document.querySelectorAll('#cluster-table tbody tr').length >= 4, {timeout: 10000})
     .then(() => check('the cluster view lists the four services', true))
     .catch(() => check('the cluster view lists the four services', false));
+  await adm.waitForFunction(() => {
+    const td = document.querySelector('#cluster-table tr[data-service="rollout"] td[data-key="tokens_per_s"]');
+    return td && Number(td.textContent) > 0;
+  }, {timeout: 15000})
+    .then(() => check('the cluster view shows the rollout\'s tokens/s', true))
+    .catch(() => check('the cluster view shows the rollout\'s tokens/s', false));
   await adm.screenshot({path: `${SHOTS}/console-cluster.png`});
   await adm.close();
 

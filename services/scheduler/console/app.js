@@ -334,8 +334,20 @@ async function renderCompare() {
 
 // --- cluster ---------------------------------------------------------------------------------
 const CLUSTER_COLUMNS = [['key', 'Replica'], ['service', 'Service'], ['age_s', 'Heartbeat age s'],
-  ['busy_fraction', 'Busy'], ['queue', 'Queue'], ['tokens_per_s', 'Tokens/s'], ['active_jobs', 'Active jobs'],
+  ['busy_fraction', 'Busy'], ['queue', 'Queue'], ['pending', 'Pending'], ['tokens', 'Tokens'],
+  ['tokens_per_s', 'Tokens/s'], ['steps', 'Steps'], ['active_jobs', 'Active jobs'],
   ['received', 'Received'], ['rejected', 'Rejected'], ['up_s', 'Up s']];
+// tokens/s of a rollout replica: its heartbeat's token counter over the last 10 s of polls
+const tokenHist = new Map();
+function tokenRate(s) {
+  if (typeof s.tokens !== 'number' || typeof s.time !== 'number') return undefined;
+  const h = tokenHist.get(s.key) || [];
+  if (!h.length || h[h.length - 1][0] !== s.time) h.push([s.time, s.tokens]);
+  while (h.length > 2 && h[h.length - 1][0] - h[0][0] > 10) h.shift();
+  tokenHist.set(s.key, h);
+  const [t0, k0] = h[0], [t1, k1] = h[h.length - 1];
+  return t1 > t0 ? (k1 - k0) / (t1 - t0) : undefined;
+}
 async function renderCluster() {
   const {services} = await getJSON('/api/cluster');
   const tr = document.querySelector('#cluster-table thead tr');
@@ -345,12 +357,13 @@ async function renderCluster() {
   clear(tb);
   services.sort((a, b) => String(a.key).localeCompare(String(b.key)));
   for (const s of services) {
-    const row = el('tr');
+    s.tokens_per_s = tokenRate(s);
+    const row = el('tr', {'data-service': s.service ?? ''});
     for (const [key] of CLUSTER_COLUMNS) {
       let v = s[key];
       if (key === 'busy_fraction') v = pct(v);
       else if (typeof v === 'number' && !Number.isInteger(v)) v = v.toFixed(1);
-      row.appendChild(el('td', {class: key === 'key' || key === 'service' ? 'text' : ''}, v ?? ''));
+      row.appendChild(el('td', {class: key === 'key' || key === 'service' ? 'text' : '', 'data-key': key}, v ?? ''));
     }
     tb.appendChild(row);
   }
