@@ -6,8 +6,10 @@
 #
 #   docker build -t marlaas:cpu .                              CPU backend (OpenBLAS)
 #   docker build -t marlaas:cuda --build-arg BACKEND=cuda .    CUDA build, for GPU nodes
-#   --build-arg ARCH=x86-64-v4 (or native)                     default x86-64-v3 (AVX2) runs on
-#                                                              any x86-64 server of the last decade
+#   --build-arg ARCH=x86-64-v3 (or native, ...)                optional: by default the binaries are
+#                                                              built for the x86-64 baseline and run
+#                                                              on any x86-64 server, their CPU kernels
+#                                                              choosing AVX-512 or AVX2 at run time
 #
 # Stages (BuildKit, the default builder since Docker 23, builds only those the target needs):
 # build-cpu / build-cuda compile with Debian bookworm's -dev packages (CUDA: NVIDIA's Debian 12
@@ -35,7 +37,8 @@ ENV PATH=/usr/local/cuda/bin:$PATH
 
 FROM build-${BACKEND} AS build
 ARG BACKEND
-ARG ARCH=x86-64-v3
+# -march for the code outside the CPU kernel variants (the Makefile's ARCH); empty: none
+ARG ARCH=
 WORKDIR /src
 COPY . .
 # The packages are installed above: the stamp tells the Makefile not to run its installer.

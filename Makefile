@@ -9,13 +9,14 @@
 #   make install      the CLI, the services and the models under PREFIX (default /usr/local)
 #   make clean
 #
-# Settings: SAN=1, DEBUG=1, ARCH=<-march value> (default native), CUDA=1 (CUDA backend).
+# Settings: SAN=1, DEBUG=1, ARCH=<-march value> (default none: the x86-64 baseline, see "flags"),
+# CUDA=1 (CUDA backend).
 
 SAN   ?= 0
 VG    ?= 0
 DEBUG ?= 0
 CUDA  ?= 0
-ARCH  ?= native
+ARCH  ?=
 
 ifneq ($(filter-out 0 1,$(SAN)),)
 $(error SAN must be 0 or 1, got '$(SAN)')
@@ -36,9 +37,9 @@ endif
 ifeq ($(SAN),1)
 BUILD := build/san
 else ifeq ($(VG),1)
-# valgrind 3.19 cannot decode AVX-512: the memcheck build targets AVX2.
+# valgrind 3.19 cannot decode AVX-512; its CPU does not report it either, so the CPU kernels
+# choose their avx2 variant under it (kernels/cpu/cpu_host.c).
 BUILD := build/vg
-ARCH  := x86-64-v3
 else
 BUILD := build
 endif
@@ -82,10 +83,15 @@ $(info MARLaaS build: $(call mark,$(FOUND_OPENBLAS)) OpenBLAS (OpenMP)  $(call m
 endif
 
 # --- flags -------------------------------------------------------------------------------
+# The binaries run on any x86-64 CPU: the code is compiled for the baseline ISA, except the CPU
+# backend's ops (kernels/cpu/cpu.c), compiled once per variant below and chosen at run time.
+# ARCH=<-march value> compiles the rest for that CPU instead (ARCH_CFLAGS); the variants keep
+# their own -march.
 WARN     := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wvla
 OPT      := $(if $(filter 1,$(DEBUG)),-O0,-O2) -g
-CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -march=$(ARCH) -fopenmp -MMD -MP $(WARN) -I. \
+CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -fopenmp -MMD -MP $(WARN) -I. \
             $(BLAS_CFLAGS)
+ARCH_CFLAGS := $(if $(strip $(ARCH)),-march=$(strip $(ARCH)))
 LDLIBS   := -Wl,--as-needed -lczmq -lzmq -lhiredis -lmsgpackc -lsodium -lcjson -lmicrohttpd -lpcre2-8 -lutf8proc $(BLAS_LIBS) -fopenmp -lm -lpthread
 ifeq ($(VG),1)
 # memcheck cannot follow PCRE2's JIT-compiled code (it reports its reads as uninitialised): the
@@ -97,10 +103,27 @@ CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-r
 LDLIBS   += -fsanitize=address,undefined
 endif
 
+# The CPU kernel variants (kernels/cpu/cpu_variants.h): cpu.c compiled once per ISA into
+# $(BUILD)/obj/kernels/cpu/cpu-<isa>.o, the best one the CPU runs picked at run time (or the one
+# MARLAAS_CPU_ISA names). avx512 is -march=x86-64-v4 with the default tuning (generic): on the
+# Xeons the recorded fingerprints come from (tests/unit/testfp.h) it compiles to what
+# -march=native did (the same vector width in `omp simd` reductions), so its results are those
+# of the native builds, bit for bit. Other targets than x86-64 get the scalar one only.
+ifneq ($(filter x86_64-%,$(MULTIARCH)),)
+CPU_ISAS := avx512 avx2 scalar
+CPU_ISA_FLAGS_avx512 := -march=x86-64-v4 -DKERN_CPU_ISA=KERN_CPU_ISA_AVX512
+CPU_ISA_FLAGS_avx2   := -march=x86-64-v3 -DKERN_CPU_ISA=KERN_CPU_ISA_AVX2
+CPU_ISA_FLAGS_scalar := -march=x86-64 -DKERN_CPU_ISA=KERN_CPU_ISA_SCALAR
+else
+CPU_ISAS := scalar
+CPU_ISA_FLAGS_scalar := -DKERN_CPU_ISA=KERN_CPU_ISA_SCALAR
+endif
+CPU_VARIANT_OBJ := $(CPU_ISAS:%=$(BUILD)/obj/kernels/cpu/cpu-%.o)
+
 # --- sources -----------------------------------------------------------------------------
 LIB_SRC   := $(wildcard common/util/*.c common/formats/*.c common/engine/*.c common/tasks/*.c common/rl/*.c common/net/*.c common/svc/*.c) \
-             $(wildcard kernels/*.c kernels/cpu/*.c)
-LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+             $(wildcard kernels/*.c) $(filter-out kernels/cpu/cpu.c,$(wildcard kernels/cpu/*.c))
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CPU_VARIANT_OBJ)
 LIB       := $(BUILD)/lib/libmarlaas.a
 UNIT_SRC  := $(wildcard tests/unit/*.c)
 UNIT_OBJ  := $(UNIT_SRC:%.c=$(BUILD)/obj/%.o)
@@ -121,7 +144,13 @@ all: $(LIB) $(BENCH_BIN) $(TENANCY_BIN) $(TOKBENCH_BIN) $(CLI_BIN) $(SVC_BINS)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(ARCH_CFLAGS) -c $< -o $@
+
+# A CPU kernel variant: no ARCH_CFLAGS (an -march=native before the variant's own -march would
+# leave its extensions enabled, e.g. AVX-512 in the scalar variant).
+$(CPU_VARIANT_OBJ): $(BUILD)/obj/kernels/cpu/cpu-%.o: kernels/cpu/cpu.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CPU_ISA_FLAGS_$*) -c $< -o $@
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)

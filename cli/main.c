@@ -33,6 +33,7 @@ static const command_t commands[] = {
     {"up", cmd_up, "start a local cluster: redis-server + the four services (run/)"},
     {"down", cmd_down, "stop the local cluster"},
     {"demo", cmd_demo, "up, four jobs of two tenants on models/tiny, watch, before/after table, down"},
+    {"info", cmd_info, "the compute setup here: CPU kernel variant, OpenBLAS kernels, threads, CUDA"},
 };
 
 static void usage(FILE *f) {

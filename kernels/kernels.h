@@ -95,8 +95,12 @@ typedef struct kernels {
     // dX = dY W). X (M,K) fp32 with row stride ldx >= K, C with row stride ldc >= N; W holds bf16
     // bit patterns (uint16_t, see to_bf16); fp32 accumulation. X, W, C are backend memory.
     // beta = 0 overwrites C (NaN in C is not propagated); K = 0 gives beta * C.
-    // The CPU backend uses X exactly; a GPU backend may round X to bf16 first (cuda does: see
-    // kernels/cuda/cuda.h for its precision).
+    // Precision: fp32 accumulation always. The CPU backend uses X exactly, except on its
+    // avx512-bf16 variant's few-rows path (trans_w, M <= 8: decode steps, or any product that
+    // small), which rounds X to bf16 (nearest even) once per call and multiplies pairs with
+    // vdpbf16ps (exact bf16 products, fp32 sums; bf16 subnormals of X or W count as zero, a sum
+    // below 2^-126 becomes zero), as the cuda backend rounds X for every shape
+    // (kernels/cuda/cuda.h): relative to X exact, each product moves by at most 2^-8 of |x w|.
     void (*gemm_bf16w)(bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx, const uint16_t *W,
                        int ldw, float beta, float *C, int ldc);
     // dst (n) = bf16(src): round to nearest, ties to even; overflow gives +-inf, NaN stays NaN
@@ -187,8 +191,21 @@ typedef struct kernels {
                   float wd, float bc1, float bc2, float gscale);
 } kernels_t;
 
-// The CPU backend (always present).
+// The CPU backend (always present): the variant of its ops chosen for this CPU, the same table
+// for the whole process (kernels/cpu/cpu_host.c). Variants: "avx512-bf16" (AVX-512 with
+// AVX512_BF16), "avx512" (x86-64-v4), "avx2" (x86-64-v3), "scalar" (any x86-64), best first; the
+// best the CPU runs, or the one the environment variable MARLAAS_CPU_ISA names. A MARLAAS_CPU_ISA
+// that names no variant, or one this CPU cannot run, ends the process at the first call with exit
+// status 2 and a message naming the valid values and the CPU's best. The variants compute the same
+// ops with sums in different orders (vector widths), so results agree to rounding, not bit for bit.
 const kernels_t *kernels_cpu(void);
+// The name of kernels_cpu()'s variant ("avx512-bf16", "avx512", "avx2", "scalar"), for reports.
+const char *kernels_cpu_isa(void);
+// The table of the variant named isa, NULL when there is none of that name or this CPU cannot run
+// it; kernels_cpu_variant(kernels_cpu_isa()) is kernels_cpu(). For tests that compare the
+// variants' ops: the engine takes the CPU backend to be kernels_cpu() (host memory, pointer
+// comparison), so models are built on kernels_cpu().
+const kernels_t *kernels_cpu_variant(const char *isa);
 // The backend called name: "cpu" (always), "cuda" (a CUDA build with a usable GPU). NULL with the
 // reason in why (n bytes) otherwise.
 const kernels_t *kernels_by_name(const char *name, char *why, size_t n);

@@ -1,78 +1,39 @@
-// cpu.c - the CPU compute backend: OpenBLAS sgemm for dense products, C loops (vectorised by
-// the compiler, threaded with OpenMP) for everything else. This is the reference backend:
-// every other backend is tested against these functions.
+// cpu.c - the CPU compute backend: OpenBLAS sgemm for dense products, hand-written kernels for the
+// products of a few rows with a weight matrix (decode), C loops (vectorised by the compiler,
+// threaded with OpenMP) for everything else. This is the reference backend: every other backend
+// is tested against these functions.
+//
+// This file is compiled once per kernel variant (cpu_variants.h), with KERN_CPU_ISA and the
+// variant's -march (Makefile: CPU_ISAS); everything here is static but the variant's tables.
+// What must exist once per process (the variant's choice, OpenBLAS's kernel set, the row sampler
+// shared with common/engine/sampler.c) is in cpu_host.c.
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <unistd.h>
 
+#include "kernels/cpu/cpu_variants.h"
 #include "kernels/kernels.h"
 #include "kernels/cpu/pool.h"
 
-// --- OpenBLAS's kernel set -------------------------------------------------------------------
-// OpenBLAS picks its kernels from the CPU's family and model when the library loads. A model its
-// table does not know yet (0.3.21, Debian 12's, on Emerald Rapids: family 6 model 207) falls back
-// to "Prescott", the SSE3 kernels: sgemm runs at a sixth of the AVX-512 kernels' speed (26 vs 168
-// GFLOP/s on 2 threads here). The kernels are chosen before main and are fixed after that, so when
-// OpenBLAS reports a pre-AVX2 kernel set on a CPU with AVX2/FMA or AVX-512, the process sets
-// OPENBLAS_CORETYPE to the set the CPU supports and executes itself again, once, before any of
-// its code runs. OPENBLAS_CORETYPE given by the user is left as it is; under valgrind (which
-// reports its own CPU) nothing is done.
-extern char *openblas_get_corename(void) __attribute__((weak));
-
-static char blas_core_note[160];
-
-static bool blas_core_is_legacy(const char *name) {
-    static const char *const legacy[] = {"Prescott", "Katmai",  "Coppermine", "Northwood", "Banias",  "Core2",
-                                         "Penryn",   "Dunnington", "Nehalem", "Atom",      "Sandybridge", "Unknown"};
-    for (size_t i = 0; i < sizeof legacy / sizeof *legacy; i++)
-        if (!strcasecmp(name, legacy[i])) return true;
-    return false;
-}
-
-__attribute__((constructor)) static void blas_core_check(int argc, char **argv, char **envp) {
-    (void)argc;
-    (void)envp;
-    const char *fixed_from = getenv("MARLAAS_BLAS_DETECTED");
-    if (fixed_from && openblas_get_corename) {   // the second start: say what was done
-        snprintf(blas_core_note, sizeof blas_core_note, "%s (OpenBLAS detected %s on this CPU; set by OPENBLAS_CORETYPE)",
-                 openblas_get_corename(), fixed_from);
-        unsetenv("MARLAAS_BLAS_DETECTED");   // children choose for themselves
-        return;
-    }
-    if (!openblas_get_corename || getenv("OPENBLAS_CORETYPE") || !argv || !argv[0]) return;
-    const char *pre = getenv("LD_PRELOAD");
-    if (pre && strstr(pre, "vgpreload")) return;
-    const char *core = openblas_get_corename();
-    if (!core || !blas_core_is_legacy(core)) return;
-    __builtin_cpu_init();
-    const char *want = NULL;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512cd"))
-        want = "SkylakeX";
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        want = "Haswell";
-    if (!want) return;
-    char detected[64];
-    snprintf(detected, sizeof detected, "%s", core);
-    setenv("OPENBLAS_CORETYPE", want, 1);
-    setenv("MARLAAS_BLAS_DETECTED", detected, 1);
-    execv("/proc/self/exe", argv);
-    // Not possible (no /proc): run on, with the slow kernels, and say so.
-    unsetenv("OPENBLAS_CORETYPE");
-    unsetenv("MARLAAS_BLAS_DETECTED");
-    snprintf(blas_core_note, sizeof blas_core_note, "%s (slow: set OPENBLAS_CORETYPE=%s; re-execution failed)", core, want);
-}
-
-const char *kernels_cpu_blas_core(void) {
-    if (blas_core_note[0]) return blas_core_note;
-    if (!openblas_get_corename) return "not OpenBLAS";
-    return openblas_get_corename();
-}
+#ifndef KERN_CPU_ISA
+#error "cpu.c is compiled once per variant with -DKERN_CPU_ISA=... (see the Makefile's CPU_ISAS)"
+#endif
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__FMA__)
+#error "the avx512 variant is compiled with -march=x86-64-v4"
+#endif
+#include <immintrin.h>
+#elif KERN_CPU_ISA == KERN_CPU_ISA_AVX2
+#if !defined(__AVX2__) || !defined(__FMA__) || defined(__AVX512F__)
+#error "the avx2 variant is compiled with -march=x86-64-v3"
+#endif
+#include <immintrin.h>
+#elif KERN_CPU_ISA != KERN_CPU_ISA_SCALAR
+#error "unknown KERN_CPU_ISA"
+#endif
 
 // --- memory --------------------------------------------------------------------------------
 
@@ -165,24 +126,14 @@ static void sgemm_pool(bool ta, bool tb, int M, int N, int K, float alpha, const
     kpool_for((size_t)((len + blk - 1) / blk), 1, sgemm_chunk, &c);
 }
 
-static void cpu_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-                     int ldb, float beta, float *C, int ldc) {
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0) {
-        // BLAS leaves C untouched for K = 0 only when beta = 1; make the semantics explicit.
-        for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
-        return;
-    }
-    // A few rows against a weight matrix (decode at small batch): sgemm would pack the whole
-    // weight matrix for every call; matrix-vector products read it once per row instead.
-    if (M <= 2 && !ta) {
-        for (int i = 0; i < M; i++)
-            cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, tb ? N : K, tb ? K : N, alpha, B, ldb,
-                        A + (size_t)i * lda, 1, beta, C + (size_t)i * ldc, 1);
-        return;
-    }
-    sgemm_pool(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+// `omp simd reduction` lets the compiler split the sum over vector lanes (plain C would force a
+// serial chain of dependent adds). The order is fixed for a build, so results stay deterministic
+// and the inference and training paths, which share this function, agree.
+static inline __attribute__((always_inline)) float dot(const float *restrict a, const float *restrict b, int n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
 }
 
 // --- bf16 ------------------------------------------------------------------------------------
@@ -207,18 +158,315 @@ static inline float bf16_to_f32(uint16_t h) {
     return f;
 }
 
+static inline __attribute__((always_inline)) float dot_bf16(const float *restrict x, const uint16_t *restrict w,
+                                                            int n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) s += x[i] * bf16_to_f32(w[i]);
+    return s;
+}
+
+// --- few rows times a weight matrix (GEMV) ------------------------------------------------------
+// C (M,N) = alpha X W^T + beta C with W (N,K) row-major and M small: a decode step's products.
+// Such a product reads W once and does 2 flops per weight, so it runs at the speed W streams
+// from memory. OpenBLAS 0.3.21's sgemm packs the whole of W for every call and its sgemv takes
+// one row of X at a time; these kernels read each W row once for all rows of X, with several W
+// rows in flight (independent accumulators, so the loads, not the adds' latency, set the pace).
+//
+// Every (i, j) has one vector accumulator over K in chunks of the vector width (the last chunk
+// masked), reduced once at the end: the same operations whatever M, the tile shape or the thread
+// split, so a row's result does not depend on the rows beside it or on the thread count.
+// Threads split W's rows (GEMV_CHUNK at a time) when W is large enough to pay for the parallel
+// region (GEMV_PAR_MIN_BYTES), and are not used below it.
+//
+// GEMV_MAX_M: measured (Xeon, AVX-512, W 896x896 and 4864x896 out of L2) these kernels beat
+// OpenBLAS 0.3.21's sgemm at every M tried up to 32 (2.5-3x at M <= 4, 1.3x at M = 32, 1 or 2
+// threads); the path stops at 8 rows, the decode batches it is for, so that the products of
+// training (packed batches of more rows) stay with sgemm and compute what they computed: the
+// recorded trainer fingerprints (tests/unit/test_tjobs.c, test_bench_step.c) hold with 8 and
+// change with 16. The same bound as gemm_bf16w's few-rows path (BF16_SMALL_M).
+// GEMV_PAR_MIN_BYTES: measured on 2 threads, 128x512 (fp32 256 KiB: 11 -> 7 us; bf16 128 KiB:
+// 6.9 -> 4.9 us) gains; a W of one chunk (<= 64 rows) cannot be split and only pays the region.
+#define GEMV_MAX_M 8          // fp32 gemm (trans_b) takes this path up to this many rows of X
+#define GEMV_TILE_M 4         // rows of X per tile
+#define GEMV_CHUNK 64         // W rows per work item of the pool
+#define GEMV_PAR_MIN_BYTES (128 * 1024)
+
+// C[i, j] from the dot product s.
+static inline void gemv_store(float *C, int ldc, int i, int j, float alpha, float beta, float s) {
+    float *c = C + (size_t)i * ldc + j;
+    float v = alpha * s;
+    *c = beta == 0.0f ? v : v + beta * *c;
+}
+
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+// One W row per zmm register of 16 floats; tiles of m rows of X by R rows of W: m R
+// accumulators, m X vectors and a W vector in the 32 registers.
+typedef __m512 vf_t;
+#define VF_W 16
+#define VF_ZERO() _mm512_setzero_ps()
+#define VF_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VF_SUM(v) _mm512_reduce_add_ps(v)
+#define VF_LOAD(p) _mm512_loadu_ps(p)
+// the first n < 16 floats of p, zeros after (nothing beyond them is read)
+#define VF_LOAD_TAIL(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), p)
+// 16 bf16 widened to fp32 (a bf16 is the upper half of its fp32)
+#define VF_LOAD_BF16(p) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#define VF_LOAD_BF16_TAIL(p, n) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16((__mmask16)((1u << (n)) - 1), p)), 16))
+#define GEMV_R_OF(m) ((m) <= 2 ? 8 : (m) == 3 ? 6 : 4)
+#elif KERN_CPU_ISA == KERN_CPU_ISA_AVX2
+// 8 floats per ymm register, 16 registers: m R accumulators + m X vectors + a W vector <= 16.
+typedef __m256 vf_t;
+#define VF_W 8
+#define VF_ZERO() _mm256_setzero_ps()
+#define VF_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VF_LOAD(p) _mm256_loadu_ps(p)
+static inline float vf_sum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#define VF_SUM(v) vf_sum(v)
+static inline __m256 vf_load_tail(const float *p, int n) {
+    static const int32_t ones[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    return _mm256_maskload_ps(p, _mm256_loadu_si256((const __m256i *)(ones + 8 - n)));
+}
+#define VF_LOAD_TAIL(p, n) vf_load_tail(p, n)
+#define VF_LOAD_BF16(p) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+// AVX2 has no masked 16-bit load: the n < 8 values through a zero-padded copy
+static inline __m256 vf_load_bf16_tail(const uint16_t *p, int n) {
+    uint16_t t[8] = {0};
+    memcpy(t, p, sizeof(uint16_t) * (size_t)n);
+    return VF_LOAD_BF16(t);
+}
+#define VF_LOAD_BF16_TAIL(p, n) vf_load_bf16_tail(p, n)
+#define GEMV_R_OF(m) ((m) == 1 ? 8 : (m) == 2 ? 4 : 2)
+#endif
+
+#ifdef VF_W
+#define GEMV_MAX_R 8
+
+// Software prefetch of the W rows after the tile's (pf bytes further, the same column): the
+// hardware prefetchers follow the tile's R streams but start a new row late; measured, 1 thread,
+// 512x512 and 1536x512 out of cache: fp32 11 -> 13 GB/s, bf16 (vdpbf16ps) 7-8 -> 12 GB/s. The
+// address is computed as an integer (it may lie past W: a prefetch never faults).
+#define GEMV_PREFETCH(p, pf) _mm_prefetch((const char *)((uintptr_t)(p) + (uintptr_t)(pf)), _MM_HINT_T0)
+
+// s[i R + r] = x[i] . w[r] over K (x fp32, w fp32 or bf16), for m rows of X and R of W (both
+// compile-time constants after inlining: the accumulators stay in registers); pf: see above.
+#define GEMV_TILE_BODY(WLOAD, WLOAD_TAIL)                                                                 \
+    vf_t acc[GEMV_TILE_M * GEMV_MAX_R];                                                                   \
+    _Pragma("GCC unroll 32") for (int t = 0; t < m * R; t++) acc[t] = VF_ZERO();                          \
+    int k = 0;                                                                                            \
+    for (; k + VF_W <= K; k += VF_W) {                                                                    \
+        vf_t xv[GEMV_TILE_M];                                                                             \
+        _Pragma("GCC unroll 4") for (int i = 0; i < m; i++) xv[i] = VF_LOAD(x[i] + k);                    \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                             \
+            GEMV_PREFETCH(w[r] + k, pf);                                                                  \
+            vf_t wv = WLOAD(w[r] + k);                                                                    \
+            _Pragma("GCC unroll 4") for (int i = 0; i < m; i++) acc[i * R + r] = VF_FMA(xv[i], wv, acc[i * R + r]); \
+        }                                                                                                 \
+    }                                                                                                     \
+    if (k < K) {                                                                                          \
+        vf_t xv[GEMV_TILE_M];                                                                             \
+        _Pragma("GCC unroll 4") for (int i = 0; i < m; i++) xv[i] = VF_LOAD_TAIL(x[i] + k, K - k);        \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                             \
+            vf_t wv = WLOAD_TAIL(w[r] + k, K - k);                                                        \
+            _Pragma("GCC unroll 4") for (int i = 0; i < m; i++) acc[i * R + r] = VF_FMA(xv[i], wv, acc[i * R + r]); \
+        }                                                                                                 \
+    }                                                                                                     \
+    _Pragma("GCC unroll 32") for (int t = 0; t < m * R; t++) s[t] = VF_SUM(acc[t]);
+
+static inline __attribute__((always_inline)) void gemv_tile_f32(const int m, const int R, int K,
+                                                                const float *const *x, const float *const *w,
+                                                                size_t pf, float *s) {
+    GEMV_TILE_BODY(VF_LOAD, VF_LOAD_TAIL)
+}
+
+static inline __attribute__((always_inline)) void gemv_tile_bf16(const int m, const int R, int K,
+                                                                 const float *const *x, const uint16_t *const *w,
+                                                                 size_t pf, float *s) {
+    GEMV_TILE_BODY(VF_LOAD_BF16, VF_LOAD_BF16_TAIL)
+}
+#endif
+
+// W rows [j0, j1) against rows i0 .. i0+m-1 of X: tiles of R W rows, then the W rows left one by
+// one; TILE(m, R, K, x, w, pf, s) is a tile function for X's element type XT and W's WT, pf the
+// distance to the rows it prefetches (the next tile's). Instantiated per m (and so R) by the
+// switches below, so that each tile is compiled with its sizes known.
+#define GEMV_ROWS_BODY(TILE, XT, WT)                                                                      \
+    const XT *x[GEMV_TILE_M];                                                                             \
+    for (int i = 0; i < m; i++) x[i] = X + (size_t)(i0 + i) * ldx;                                        \
+    float s[GEMV_TILE_M * GEMV_MAX_R];                                                                    \
+    const WT *w[GEMV_MAX_R];                                                                              \
+    int j = j0;                                                                                           \
+    for (; j + R <= j1; j += R) {                                                                         \
+        for (int r = 0; r < R; r++) w[r] = W + (size_t)(j + r) * ldw;                                     \
+        TILE(m, R, K, x, w, (size_t)R * ldw * sizeof(WT), s);                                             \
+        for (int i = 0; i < m; i++)                                                                       \
+            for (int r = 0; r < R; r++) gemv_store(C, ldc, i0 + i, j + r, alpha, beta, s[i * R + r]);     \
+    }                                                                                                     \
+    for (; j < j1; j++) {                                                                                 \
+        w[0] = W + (size_t)j * ldw;                                                                       \
+        TILE(m, 1, K, x, w, (size_t)ldw * sizeof(WT), s);                                                 \
+        for (int i = 0; i < m; i++) gemv_store(C, ldc, i0 + i, j, alpha, beta, s[i]);                     \
+    }
+
+#define GEMV_ARGS int i0, int m, int j0, int j1, int K, float alpha, const XT_ *X, int ldx, const WT_ *W, int ldw, \
+                  float beta, float *C, int ldc
+
+#define XT_ float
+#ifdef VF_W
+#define WT_ float
+static inline __attribute__((always_inline)) void gemv_rows_f32_m(const int R, GEMV_ARGS) {
+    GEMV_ROWS_BODY(gemv_tile_f32, float, float)
+}
+static void gemv_rows_f32(GEMV_ARGS) {
+    switch (m) {
+    case 1: gemv_rows_f32_m(GEMV_R_OF(1), i0, 1, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
+    case 2: gemv_rows_f32_m(GEMV_R_OF(2), i0, 2, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
+    case 3: gemv_rows_f32_m(GEMV_R_OF(3), i0, 3, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
+    default: gemv_rows_f32_m(GEMV_R_OF(4), i0, 4, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
+    }
+}
+#undef WT_
+#define WT_ uint16_t
+static inline __attribute__((always_inline)) void gemv_rows_bf16_m(const int R, GEMV_ARGS) {
+    GEMV_ROWS_BODY(gemv_tile_bf16, float, uint16_t)
+}
+static void gemv_rows_bf16(GEMV_ARGS) {
+    switch (m) {
+    case 1: gemv_rows_bf16_m(GEMV_R_OF(1), i0, 1, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
+    case 2: gemv_rows_bf16_m(GEMV_R_OF(2), i0, 2, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
+    case 3: gemv_rows_bf16_m(GEMV_R_OF(3), i0, 3, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
+    default: gemv_rows_bf16_m(GEMV_R_OF(4), i0, 4, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
+    }
+}
+#undef WT_
+#else
+// scalar: the compiler's vectorisation of the plain dot products (SSE2), the reference.
+#define WT_ float
+static void gemv_rows_f32(GEMV_ARGS) {
+    for (int j = j0; j < j1; j++)
+        for (int i = i0; i < i0 + m; i++)
+            gemv_store(C, ldc, i, j, alpha, beta, dot(X + (size_t)i * ldx, W + (size_t)j * ldw, K));
+}
+#undef WT_
+#define WT_ uint16_t
+static void gemv_rows_bf16(GEMV_ARGS) {
+    for (int j = j0; j < j1; j++)
+        for (int i = i0; i < i0 + m; i++)
+            gemv_store(C, ldc, i, j, alpha, beta, dot_bf16(X + (size_t)i * ldx, W + (size_t)j * ldw, K));
+}
+#undef WT_
+#endif
+#undef XT_
+
+// All M rows against all N rows of W: chunks of GEMV_CHUNK W rows on the pool (kpool_for; the
+// caller alone when W is under GEMV_PAR_MIN_BYTES), each chunk taking the rows of X GEMV_TILE_M at
+// a time (the chunk's W rows stay in cache for the next tile). GEMV_DRIVER_FN(name, ROWS, ATTR)
+// defines the chunk function name_chunk for a ROWS kernel; GEMV_DRIVER runs it.
+typedef struct {
+    int M, N, K, ldx, ldw, ldc;
+    float alpha, beta;
+    const void *X, *W;
+    float *C;
+} gemv_job_t;
+
+#define GEMV_DRIVER_FN(name, ROWS, ATTR)                                                                   \
+    static ATTR void name##_chunk(void *c_, size_t lo, size_t hi) {                                        \
+        const gemv_job_t *g = c_;                                                                          \
+        for (size_t c = lo; c < hi; c++) {                                                                 \
+            int j0 = (int)c * GEMV_CHUNK, j1 = j0 + GEMV_CHUNK < g->N ? j0 + GEMV_CHUNK : g->N;            \
+            for (int i0 = 0; i0 < g->M; i0 += GEMV_TILE_M)                                                 \
+                ROWS(i0, g->M - i0 < GEMV_TILE_M ? g->M - i0 : GEMV_TILE_M, j0, j1, g->K, g->alpha, g->X, g->ldx, \
+                     g->W, g->ldw, g->beta, g->C, g->ldc);                                                 \
+        }                                                                                                  \
+    }
+
+#define GEMV_DRIVER(name, wsize)                                                                          \
+    gemv_job_t job = {M, N, K, ldx, ldw, ldc, alpha, beta, X, W, C};                                       \
+    size_t n_chunks = (size_t)((N + GEMV_CHUNK - 1) / GEMV_CHUNK);                                         \
+    if ((size_t)N * K * (wsize) >= GEMV_PAR_MIN_BYTES) kpool_for(n_chunks, 1, name##_chunk, &job);          \
+    else name##_chunk(&job, 0, n_chunks);
+
+GEMV_DRIVER_FN(gemv_f32, gemv_rows_f32, )
+GEMV_DRIVER_FN(gemv_bf16, gemv_rows_bf16, )
+
+static void gemv_f32(int M, int N, int K, float alpha, const float *X, int ldx, const float *W, int ldw, float beta,
+                     float *C, int ldc) {
+    GEMV_DRIVER(gemv_f32, sizeof(float))
+}
+
+static void gemv_bf16(int M, int N, int K, float alpha, const float *X, int ldx, const uint16_t *W, int ldw,
+                      float beta, float *C, int ldc) {
+    GEMV_DRIVER(gemv_bf16, sizeof(uint16_t))
+}
+
+// --- dense ---------------------------------------------------------------------------------
+
+static void cpu_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                     int ldb, float beta, float *C, int ldc) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        // BLAS leaves C untouched for K = 0 only when beta = 1; make the semantics explicit.
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+        return;
+    }
+    // A few rows against a weight matrix (decode at small batch), the forward's shape: the GEMV
+    // kernels above.
+    if (M <= GEMV_MAX_M && !ta && tb) {
+        gemv_f32(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    // The other orientation (X W, a backward's shape) at one or two rows: matrix-vector
+    // products, which read W once per row, where sgemm would pack all of W for every call.
+    if (M <= 2 && !ta) {
+        for (int i = 0; i < M; i++)
+            cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, tb ? N : K, tb ? K : N, alpha, B, ldb,
+                        A + (size_t)i * lda, 1, beta, C + (size_t)i * ldc, 1);
+        return;
+    }
+    sgemm_pool(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// --- bf16 ops ----------------------------------------------------------------------------------
+
+typedef struct {
+    uint16_t *h;
+    float *f;
+    const uint16_t *hc;
+    const float *fc;
+} conv_t;
+
+static void to_bf16_chunk(void *c_, size_t lo, size_t hi) {
+    const conv_t *c = c_;
+    for (size_t i = lo; i < hi; i++) c->h[i] = f32_to_bf16(c->fc[i]);
+}
+
+static void from_bf16_chunk(void *c_, size_t lo, size_t hi) {
+    const conv_t *c = c_;
+    for (size_t i = lo; i < hi; i++) c->f[i] = bf16_to_f32(c->hc[i]);
+}
+
 static void cpu_to_bf16(uint16_t *dst, const float *src, size_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i]);
+    conv_t c = {.h = dst, .fc = src};
+    par_for(n, PAR_ELEMS, PAR_ELEMS / 4, to_bf16_chunk, &c);
 }
 
 static void cpu_from_bf16(float *dst, const uint16_t *src, size_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(src[i]);
+    conv_t c = {.f = dst, .hc = src};
+    par_for(n, PAR_ELEMS, PAR_ELEMS / 4, from_bf16_chunk, &c);
 }
 
-// The fp32 copy of a block of W rows (gemm_bf16w): one grow-only buffer per calling thread,
-// freed when the thread exits (a pthread key's destructor; the main thread's stays reachable).
+// The fp32 copy of a block of W rows (gemm_bf16w), or X rounded to bf16: one grow-only buffer
+// per calling thread, freed when the thread exits (a pthread key's destructor; the main thread's
+// stays reachable).
 static pthread_key_t bf16_buf_key;
 static pthread_once_t bf16_buf_once = PTHREAD_ONCE_INIT;
 static _Thread_local float *bf16_buf;
@@ -249,21 +497,103 @@ static float *bf16_scratch(size_t n) {
     return bf16_buf;
 }
 
-static inline __attribute__((always_inline)) float dot_bf16(const float *restrict x, const uint16_t *restrict w,
-                                                            int n) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int i = 0; i < n; i++) s += x[i] * bf16_to_f32(w[i]);
-    return s;
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+// The avx512-bf16 variant's few-rows path: X rounded to bf16 once per call, then vdpbf16ps, which
+// multiplies 32 bf16 pairs and adds them into 16 fp32 lanes per instruction (2 products per lane,
+// each added with one rounding; bf16 subnormals count as zero, results below 2^-126 become zero),
+// where widening W takes a conversion, a shift and two FMAs per 32 weights. vdpbf16ps issues at
+// half the FMA rate on the Xeon measured, yet the path takes 0.8x the time of widening with W in
+// L2, and out of cache both stream W. These functions are compiled for AVX512_BF16 and called
+// only where the CPU has it (cpu_host.c picks the avx512-bf16 table only then).
+#define BF16DP_TARGET __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl")))
+#define DP_W 32   // bf16 values per 512-bit register
+
+// s[i R + r] = xb[i] . w[r] over K; the rows of xb are padded with zeros to a multiple of DP_W.
+static inline __attribute__((always_inline)) BF16DP_TARGET void gemv_tile_dp(const int m, const int R, int K,
+                                                                           const uint16_t *const *x,
+                                                                           const uint16_t *const *w, size_t pf,
+                                                                           float *s) {
+    __m512 acc[GEMV_TILE_M * GEMV_MAX_R];
+#pragma GCC unroll 32
+    for (int t = 0; t < m * R; t++) acc[t] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += DP_W) {
+        __mmask32 mk = K - k >= DP_W ? ~(__mmask32)0 : (__mmask32)((1u << (K - k)) - 1);
+        __m512bh xv[GEMV_TILE_M];
+#pragma GCC unroll 4
+        for (int i = 0; i < m; i++) xv[i] = (__m512bh)_mm512_loadu_si512(x[i] + k);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            GEMV_PREFETCH(w[r] + k, pf);
+            __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mk, w[r] + k);
+#pragma GCC unroll 4
+            for (int i = 0; i < m; i++) acc[i * R + r] = _mm512_dpbf16_ps(acc[i * R + r], xv[i], wv);
+        }
+    }
+#pragma GCC unroll 32
+    for (int t = 0; t < m * R; t++) s[t] = _mm512_reduce_add_ps(acc[t]);
 }
 
-// trans_w (C = alpha X W^T + beta C, W (N,K)): up to BF16_SMALL_M rows of X (decode) take one
-// pass over W converting on the fly (half the bytes of an fp32 W; measured faster than sgemm on
-// an fp32 W up to ~8 rows), threads over W's rows. More rows: W converted block by block (at
-// least BF16_MIN_ROWS rows, about BF16_BLOCK_FLOATS floats, 4 MiB) into the calling thread's
-// buffer, each block multiplied by OpenBLAS sgemm. Extra cost against sgemm on an fp32 W: one
-// read of W and one write of its fp32 copy per call, O(N K) against the product's O(M N K)
-// (measured, 1 thread, 512x896x896: ~0.2 ms, ~3% of the product), plus the thread's buffer.
+#define XT_ uint16_t
+#define WT_ uint16_t
+static inline __attribute__((always_inline)) BF16DP_TARGET void gemv_rows_dp_m(const int R, GEMV_ARGS) {
+    GEMV_ROWS_BODY(gemv_tile_dp, uint16_t, uint16_t)
+}
+static BF16DP_TARGET void gemv_rows_dp(GEMV_ARGS) {
+    switch (m) {
+    case 1: gemv_rows_dp_m(GEMV_R_OF(1), i0, 1, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
+    case 2: gemv_rows_dp_m(GEMV_R_OF(2), i0, 2, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
+    case 3: gemv_rows_dp_m(GEMV_R_OF(3), i0, 3, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
+    default: gemv_rows_dp_m(GEMV_R_OF(4), i0, 4, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
+    }
+}
+#undef XT_
+#undef WT_
+
+GEMV_DRIVER_FN(gemv_dp, gemv_rows_dp, BF16DP_TARGET)
+
+static BF16DP_TARGET void gemv_dp_run(int M, int N, int K, float alpha, const uint16_t *X, int ldx, const uint16_t *W,
+                                      int ldw, float beta, float *C, int ldc) {
+    GEMV_DRIVER(gemv_dp, sizeof(uint16_t))
+}
+
+// dst (n) = bf16(src): f32_to_bf16, 16 at a time.
+static void round_row_bf16(uint16_t *dst, const float *src, int n) {
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                  one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), quiet = _mm512_set1_epi32(0x40);
+    int k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + k));
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+        __m512i hi = _mm512_srli_epi32(u, 16);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(hi, one))), 16);
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, quiet));
+        _mm256_storeu_si256((__m256i *)(dst + k), _mm512_cvtepi32_epi16(r));
+    }
+    for (; k < n; k++) dst[k] = f32_to_bf16(src[k]);
+}
+
+static void gemv_bf16_dp(int M, int N, int K, float alpha, const float *X, int ldx, const uint16_t *W, int ldw,
+                         float beta, float *C, int ldc) {
+    int kp = (K + DP_W - 1) / DP_W * DP_W;
+    uint16_t *xb = (uint16_t *)bf16_scratch(((size_t)M * kp + 1) / 2);
+    for (int i = 0; i < M; i++) {
+        uint16_t *bi = xb + (size_t)i * kp;
+        round_row_bf16(bi, X + (size_t)i * ldx, K);
+        for (int k = K; k < kp; k++) bi[k] = 0;
+    }
+    gemv_dp_run(M, N, K, alpha, xb, kp, W, ldw, beta, C, ldc);
+}
+#endif
+
+// trans_w (C = alpha X W^T + beta C, W (N,K)): up to BF16_SMALL_M rows of X (decode) take the
+// GEMV kernels above, one pass over W converting on the fly (half the bytes of an fp32 W;
+// measured faster than sgemm on an fp32 W up to ~8 rows), threads over W's rows; on the
+// avx512-bf16 variant X is rounded to bf16 first (vdpbf16ps). More rows: W converted block by
+// block (at least BF16_MIN_ROWS rows, about BF16_BLOCK_FLOATS floats, 4 MiB) into the calling
+// thread's buffer, each block multiplied by OpenBLAS sgemm. Extra cost against sgemm on an fp32
+// W: one read of W and one write of its fp32 copy per call, O(N K) against the product's
+// O(M N K) (measured, 1 thread, 512x896x896: ~0.2 ms, ~3% of the product), plus the thread's
+// buffer.
 // !trans_w (C = alpha X W + beta C, W (K,N), the backward dX = dY W): the same blocks, now runs
 // of W's K rows; each block's sgemm adds X[:, k0:k0+kb] W[k0:k0+kb, :] into C, the first one
 // with beta and the rest with 1, so beta is applied once and X is used exactly.
@@ -278,18 +608,30 @@ static int bf16_block_rows(int cols, int rows) {
     return nb > rows ? rows : nb;
 }
 
-// buf (rows, cols) contiguous = fp32 of W's rows r0 .. r0+rows-1 (row stride ldw).
-static void bf16_rows_to_f32(float *buf, const uint16_t *W, int ldw, int r0, int rows, int cols) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * cols > 65536)
-    for (int j = 0; j < rows; j++) {
-        const uint16_t *wj = W + (size_t)(r0 + j) * ldw;
-        float *bj = buf + (size_t)j * cols;
-        for (int k = 0; k < cols; k++) bj[k] = bf16_to_f32(wj[k]);
+typedef struct {
+    float *buf;
+    const uint16_t *W;
+    int ldw, r0, cols;
+} rows_conv_t;
+
+static void rows_to_f32_chunk(void *c_, size_t lo, size_t hi) {
+    const rows_conv_t *c = c_;
+    for (size_t j = lo; j < hi; j++) {
+        const uint16_t *wj = c->W + (size_t)(c->r0 + (int)j) * c->ldw;
+        float *bj = c->buf + j * (size_t)c->cols;
+        for (int k = 0; k < c->cols; k++) bj[k] = bf16_to_f32(wj[k]);
     }
 }
 
-static void cpu_gemm_bf16w(bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx,
-                           const uint16_t *W, int ldw, float beta, float *C, int ldc) {
+// buf (rows, cols) contiguous = fp32 of W's rows r0 .. r0+rows-1 (row stride ldw).
+static void bf16_rows_to_f32(float *buf, const uint16_t *W, int ldw, int r0, int rows, int cols) {
+    rows_conv_t c = {buf, W, ldw, r0, cols};
+    if (rows > 0) par_for((size_t)rows, (size_t)(PAR_ELEMS / (cols > 0 ? cols : 1)), 16, rows_to_f32_chunk, &c);
+}
+
+// dp: the few-rows path multiplies with vdpbf16ps (the avx512-bf16 table).
+static void gemm_bf16w(bool dp, bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx,
+                       const uint16_t *W, int ldw, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         for (int i = 0; i < M; i++)
@@ -302,21 +644,20 @@ static void cpu_gemm_bf16w(bool trans_w, int M, int N, int K, float alpha, const
         for (int k0 = 0; k0 < K; k0 += kb) {
             int rows = K - k0 < kb ? K - k0 : kb;
             bf16_rows_to_f32(buf, W, ldw, k0, rows, N);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, rows, alpha, X + k0, ldx, buf, N,
-                        k0 == 0 ? beta : 1.0f, C, ldc);
+            sgemm_pool(false, false, M, N, rows, alpha, X + k0, ldx, buf, N, k0 == 0 ? beta : 1.0f, C, ldc);
         }
         return;
     }
     if (M <= BF16_SMALL_M) {
-#pragma omp parallel for schedule(static) if ((size_t)N * K > 65536)
-        for (int j = 0; j < N; j++) {
-            const uint16_t *wj = W + (size_t)j * ldw;
-            for (int i = 0; i < M; i++) {
-                float s = alpha * dot_bf16(X + (size_t)i * ldx, wj, K);
-                float *c = C + (size_t)i * ldc + j;
-                *c = beta == 0.0f ? s : s + beta * *c;
-            }
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+        if (dp) {
+            gemv_bf16_dp(M, N, K, alpha, X, ldx, W, ldw, beta, C, ldc);
+            return;
         }
+#else
+        (void)dp;
+#endif
+        gemv_bf16(M, N, K, alpha, X, ldx, W, ldw, beta, C, ldc);
         return;
     }
     int nb = bf16_block_rows(K, N);
@@ -324,9 +665,21 @@ static void cpu_gemm_bf16w(bool trans_w, int M, int N, int K, float alpha, const
     for (int j0 = 0; j0 < N; j0 += nb) {
         int rows = N - j0 < nb ? N - j0 : nb;
         bf16_rows_to_f32(buf, W, ldw, j0, rows, K);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, rows, K, alpha, X, ldx, buf, K, beta, C + j0, ldc);
+        sgemm_pool(false, true, M, rows, K, alpha, X, ldx, buf, K, beta, C + j0, ldc);
     }
 }
+
+static void cpu_gemm_bf16w(bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx,
+                           const uint16_t *W, int ldw, float beta, float *C, int ldc) {
+    gemm_bf16w(false, trans_w, M, N, K, alpha, X, ldx, W, ldw, beta, C, ldc);
+}
+
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+static void cpu_gemm_bf16w_dp(bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx,
+                              const uint16_t *W, int ldw, float beta, float *C, int ldc) {
+    gemm_bf16w(true, trans_w, M, N, K, alpha, X, ldx, W, ldw, beta, C, ldc);
+}
+#endif
 
 typedef struct {
     float alpha;
@@ -405,16 +758,6 @@ static bool cpu_all_finite(size_t n, const float *x) {
 }
 
 // --- transformer pieces ----------------------------------------------------------------------
-
-// `omp simd reduction` lets the compiler split the sum over vector lanes (plain C would force a
-// serial chain of dependent adds). The order is fixed for a build, so results stay deterministic
-// and the inference and training paths, which share this function, agree.
-static inline __attribute__((always_inline)) float dot(const float *restrict a, const float *restrict b, int n) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
 
 typedef struct {
     float *dst;
@@ -1109,145 +1452,8 @@ static void cpu_logprob_bwd(float *logits, const float *dlogp, const int32_t *ta
 }
 
 // --- sampling ----------------------------------------------------------------------------------
-// The sampler of the whole project: common/engine/sampler.c's sampler_sample draws its uniform
-// number from the sequence's RNG and calls kernels_cpu_sample_row; the sample op runs it over
-// rows with the caller's uniform numbers. The GPU backend rebuilds the same candidate order (the
-// same heaps) for its inverse-CDF draw; tests/unit/test_kernel_ops.c and tests/gpu check both.
-
-// Fills w[j] = exp(z_j/T - m) (when w is not NULL) and returns log sum_j exp(z_j/T - m) + m;
-// *wsum receives the sum of the stored float weights.
-double kernels_cpu_tempered_lse(const float *logits, int vocab, double temp, float *w, double *wsum) {
-    float zmax = logits[0];
-    for (int j = 1; j < vocab; j++)
-        if (logits[j] > zmax) zmax = logits[j];
-    double m = (double)zmax / temp;
-    double sum = 0.0, fsum = 0.0;
-    for (int j = 0; j < vocab; j++) {
-        double e = exp((double)logits[j] / temp - m);
-        sum += e;
-        if (w) {
-            w[j] = (float)e;
-            fsum += (double)w[j];
-        }
-    }
-    if (wsum) *wsum = fsum;
-    return m + log(sum);
-}
-
-// Strict total order on tokens: higher weight first, lower id first on equal weight.
-static bool smp_better(const float *w, int a, int b) { return w[a] > w[b] || (w[a] == w[b] && a < b); }
-
-static bool smp_above(const float *w, int a, int b, bool best_root) {
-    return best_root ? smp_better(w, a, b) : smp_better(w, b, a);
-}
-
-static void smp_sift_down(const float *w, int *h, int n, int i, bool best_root) {
-    for (;;) {
-        int c = 2 * i + 1;
-        if (c >= n) return;
-        if (c + 1 < n && smp_above(w, h[c + 1], h[c], best_root)) c++;
-        if (!smp_above(w, h[c], h[i], best_root)) return;
-        int t = h[i];
-        h[i] = h[c];
-        h[c] = t;
-        i = c;
-    }
-}
-
-static void smp_heapify(const float *w, int *h, int n, bool best_root) {
-    for (int i = n / 2 - 1; i >= 0; i--) smp_sift_down(w, h, n, i, best_root);
-}
-
-// Leaves the k best tokens of 0..vocab-1 in h[0..k) (a heap, worst at the root).
-static void smp_top_k(const float *w, int vocab, int k, int *h) {
-    for (int j = 0; j < k; j++) h[j] = j;
-    smp_heapify(w, h, k, false);
-    for (int j = k; j < vocab; j++) {
-        if (smp_better(w, j, h[0])) {
-            h[0] = j;
-            smp_sift_down(w, h, k, 0, false);
-        }
-    }
-}
-
-// The smallest best-first prefix of the n candidates in h whose weight reaches top_p * mass ends
-// up in h[*first..n), worst first; returns its weight.
-static double smp_top_p(const float *w, int *h, int n, double mass, float top_p, int *first) {
-    double target = (double)top_p * mass;
-    double cum = 0.0;
-    smp_heapify(w, h, n, true);
-    int m = n;
-    while (m > 0) {
-        int best = h[0];
-        h[0] = h[m - 1];
-        h[m - 1] = best;
-        m--;
-        smp_sift_down(w, h, m, 0, true);
-        cum += (double)w[best];
-        if (cum >= target) break;
-    }
-    *first = m;
-    return cum;
-}
-
-static int smp_argmax(const float *logits, int vocab) {
-    int best = 0;
-    for (int j = 1; j < vocab; j++)
-        if (logits[j] > logits[best] || (isnan(logits[best]) && !isnan(logits[j]))) best = j;
-    return best;
-}
-
-// Inverse-CDF draw with the uniform u over the candidates ids[0..n) (ids NULL: 0..n-1) of total
-// weight mass; zero weights are never chosen; past the end (rounding), the last positive one.
-static int smp_draw(const float *w, const int *ids, int n, double mass, float u) {
-    double target = (double)u * mass;
-    double cum = 0.0;
-    int last = -1;
-    for (int i = 0; i < n; i++) {
-        int id = ids ? ids[i] : i;
-        if (!(w[id] > 0)) continue;
-        cum += (double)w[id];
-        last = id;
-        if (cum > target) return id;
-    }
-    return last >= 0 ? last : (ids ? ids[0] : 0);
-}
-
-// One row; w (V floats) and idx (V ints) are scratch.
-int32_t kernels_cpu_sample_row(const float *logits, int vocab, float temperature, int top_k, float top_p, float u,
-                               float *w, int *idx, float *logprob) {
-    if (!(temperature > 0)) {
-        int tok = smp_argmax(logits, vocab);
-        double lse = kernels_cpu_tempered_lse(logits, vocab, 1.0, NULL, NULL);
-        *logprob = (float)((double)logits[tok] / 1.0 - lse);
-        return tok;
-    }
-    double temp = (double)temperature;
-    double mass;
-    double lse = kernels_cpu_tempered_lse(logits, vocab, temp, w, &mass);
-    const int *ids = NULL;
-    int n = vocab;
-    if (top_k > 0 && top_k < vocab) {
-        smp_top_k(w, vocab, top_k, idx);
-        ids = idx;
-        n = top_k;
-        mass = 0.0;
-        for (int i = 0; i < n; i++) mass += (double)w[ids[i]];
-    }
-    if (top_p < 1.0f) {
-        if (!ids) {
-            for (int j = 0; j < vocab; j++) idx[j] = j;
-            ids = idx;
-        }
-        int first;
-        mass = smp_top_p(w, idx, n, mass, top_p, &first);
-        ids = idx + first;
-        n -= first;
-    }
-    int tok = smp_draw(w, ids, n, mass, u);
-    *logprob = (float)((double)logits[tok] / temp - lse);
-    return tok;
-}
+// The sample op: kernels_cpu_sample_row (cpu_host.c, one function for every variant and the host
+// sampler) over rows.
 
 typedef struct {
     int32_t *tokens;
@@ -1312,41 +1518,47 @@ static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, fl
     par_for(n, PAR_ELEMS, PAR_ELEMS / 4, adamw_chunk, &c);
 }
 
-static const kernels_t cpu_kernels = {
-    .name = "cpu",
-    .alloc = cpu_alloc,
-    .free = cpu_free,
-    .to_dev = cpu_copy,
-    .to_host = cpu_copy,
-    .copy = cpu_copy,
-    .zero = cpu_zero,
-    .gemm = cpu_gemm,
-    .gemm_bf16w = cpu_gemm_bf16w,
-    .to_bf16 = cpu_to_bf16,
-    .from_bf16 = cpu_from_bf16,
-    .axpy = cpu_axpy,
-    .scale = cpu_scale,
-    .sumsq = cpu_sumsq,
-    .all_finite = cpu_all_finite,
-    .scatter_rows = cpu_scatter_rows,
-    .embed = cpu_embed,
-    .embed_bwd = cpu_embed_bwd,
-    .rmsnorm = cpu_rmsnorm,
-    .rmsnorm_bwd = cpu_rmsnorm_bwd,
-    .add_bias = cpu_add_bias,
-    .bias_bwd = cpu_bias_bwd,
-    .rope = cpu_rope,
-    .glu = cpu_glu,
-    .glu_bwd = cpu_glu_bwd,
-    .attn_paged = cpu_attn_paged,
-    .attn_fwd = cpu_attn_fwd,
-    .attn_bwd = cpu_attn_bwd,
-    .lora_shrink = cpu_lora_shrink,
-    .lora_expand = cpu_lora_expand,
-    .token_logprobs = cpu_token_logprobs,
-    .logprob_bwd = cpu_logprob_bwd,
-    .sample = cpu_sample,
+// The variant's tables (cpu_variants.h): every op but gemm_bf16w is the same in both of avx512's.
+#define CPU_OPS                              \
+    .name = "cpu",                           \
+    .alloc = cpu_alloc,                      \
+    .free = cpu_free,                        \
+    .to_dev = cpu_copy,                      \
+    .to_host = cpu_copy,                     \
+    .copy = cpu_copy,                        \
+    .zero = cpu_zero,                        \
+    .gemm = cpu_gemm,                        \
+    .to_bf16 = cpu_to_bf16,                  \
+    .from_bf16 = cpu_from_bf16,              \
+    .axpy = cpu_axpy,                        \
+    .scale = cpu_scale,                      \
+    .sumsq = cpu_sumsq,                      \
+    .all_finite = cpu_all_finite,            \
+    .scatter_rows = cpu_scatter_rows,        \
+    .embed = cpu_embed,                      \
+    .embed_bwd = cpu_embed_bwd,              \
+    .rmsnorm = cpu_rmsnorm,                  \
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,          \
+    .add_bias = cpu_add_bias,                \
+    .bias_bwd = cpu_bias_bwd,                \
+    .rope = cpu_rope,                        \
+    .glu = cpu_glu,                          \
+    .glu_bwd = cpu_glu_bwd,                  \
+    .attn_paged = cpu_attn_paged,            \
+    .attn_fwd = cpu_attn_fwd,                \
+    .attn_bwd = cpu_attn_bwd,                \
+    .lora_shrink = cpu_lora_shrink,          \
+    .lora_expand = cpu_lora_expand,          \
+    .token_logprobs = cpu_token_logprobs,    \
+    .logprob_bwd = cpu_logprob_bwd,          \
+    .sample = cpu_sample,                    \
     .adamw = cpu_adamw,
-};
 
-const kernels_t *kernels_cpu(void) { return &cpu_kernels; }
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+const kernels_t kernels_cpu_avx512 = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w};
+const kernels_t kernels_cpu_avx512_bf16 = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w_dp};
+#elif KERN_CPU_ISA == KERN_CPU_ISA_AVX2
+const kernels_t kernels_cpu_avx2 = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w};
+#else
+const kernels_t kernels_cpu_scalar = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w};
+#endif

@@ -45,7 +45,8 @@
 //   gemm_bf16w (both trans_w cases) rounds X to bf16 (nearest even) and multiplies with
 //   cublasGemmEx (bf16 inputs, fp32 output, CUBLAS_COMPUTE_32F: exact products, fp32
 //   accumulation, tensor cores allowed; W read with CUBLAS_OP_T for trans_w, CUBLAS_OP_N without);
-//   the CPU backend keeps X in fp32, so the two differ by at most 2^-8 |alpha| sum_k |x_k w_k|
+//   the CPU backend keeps X in fp32 (but on its avx512-bf16 variant's few-rows path, which rounds
+//   X as this backend does: kernels.h), so the two differ by at most 2^-8 |alpha| sum_k |x_k w_k|
 //   (plus fp32 accumulation error) per element. to_bf16 / from_bf16 are bit-identical to the CPU.
 //   sample returns the CPU backend's tokens except in threshold cases (u * mass or the top-p
 //   target within ~1e-12 relative of a cumulative boundary: sums in another order, CUDA's exp)

@@ -32,12 +32,12 @@ fail=0
 r = random.Random(5)
 print(json.dumps([[r.randrange(61) for _ in range(n)] for n in (20, 33, 7)]))' > "$out/ids.json"
 
-compare() {   # compare NAME MODEL_DIR [marlaas score flags]
+compare() {   # [TOL=...] compare NAME MODEL_DIR [marlaas score flags]
     local name=$1 dir=$2
     shift 2
     "$BIN"/marlaas score --model "$dir" --ids --generate 10 "$@" < "$out/ids.json" > "$out/$name.ours.json"
     "$py" "$ref" score "$dir" --generate 10 < "$out/ids.json" > "$out/$name.ref.json"
-    "$py" "$ref" compare "$out/$name.ours.json" "$out/$name.ref.json" --tol 1e-4 --label "$name" || fail=1
+    "$py" "$ref" compare "$out/$name.ours.json" "$out/$name.ref.json" --tol "${TOL:-1e-4}" --label "$name" || fail=1
 }
 
 for cfg in tests/reference/variants/*.json; do
@@ -47,11 +47,19 @@ for cfg in tests/reference/variants/*.json; do
 done
 
 # bf16 storage in three shards; then the same model with bf16 matrices in the engine (exact on the
-# CPU: the stored values are bf16 already)
+# CPU: the stored values are bf16 already). The avx512-bf16 CPU kernels round the activations of
+# the decode steps to bf16 too (kernels/kernels.h), which moves the greedy tokens' log-probs by
+# up to ~3e-3 here: where they run, the exact check runs on the avx512 kernels (MARLAAS_CPU_ISA)
+# and the default kernels are held to 2e-2.
 "$py" "$ref" init tests/reference/variants/qwen3_bias_yarn.json "$out/sharded" --seed 4 --dtype bf16 --shards 3
 [ -f "$out/sharded/model.safetensors.index.json" ] && [ ! -e "$out/sharded/model.safetensors" ]
 compare sharded_bf16 "$out/sharded"
-compare sharded_bf16_weights_bf16 "$out/sharded" --weights bf16
+if [ "$("$BIN"/marlaas info | awk '$1 == "cpu-kernels" {print $2}')" = avx512-bf16 ]; then
+    MARLAAS_CPU_ISA=avx512 compare sharded_bf16_weights_bf16 "$out/sharded" --weights bf16
+    TOL=2e-2 compare sharded_bf16_weights_bf16_avx512-bf16 "$out/sharded" --weights bf16
+else
+    compare sharded_bf16_weights_bf16 "$out/sharded" --weights bf16
+fi
 
 # refused: a sequence beyond mistral's sliding window (the context it computes exactly)
 "$py" -c 'print(list(range(49)))' > "$out/long.json"

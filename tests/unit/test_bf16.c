@@ -6,15 +6,19 @@
 // what a bf16 model refuses (full-parameter training, model_save). Untied and tied heads. Also
 // the services' --weights setting (kernels_weights_bf16, model_load_as).
 //
-// Tolerances: the CPU backend's gemm_bf16w uses X exactly and multiplies by exactly the bf16
-// values, so against the rounded fp32 model only the fp32 summation order differs (the
-// few-rows path sums in its own order, the backward adds W in blocks): about 1e-7 relative per
+// Tolerances: the CPU backend's gemm_bf16w multiplies by exactly the bf16 values and, but on the
+// few-rows path of its avx512-bf16 variant, uses X exactly, so against the rounded fp32 model
+// only the fp32 summation order differs (the backward adds W in blocks): about 1e-7 relative per
 // product, a few 1e-7 after the layers. The checks allow 1e-5 relative to the largest
-// magnitude of each output, 10-100x that, while the bf16 rounding of the weights (2^-9
-// relative per weight) moves the outputs by ~1e-3 relative: the unrounded model must differ
-// by more than 1e-4 (the bf16 path is used) and less than 5e-2 (it is the same model).
+// magnitude of each output, 10-100x that, while the bf16 rounding of the weights (up to 2^-8
+// relative per weight) moves the outputs by ~1e-2 relative: the unrounded model must differ
+// by more than 1e-4 (the bf16 path is used) and less than 5e-2 (it is the same model). The
+// avx512-bf16 variant's few-rows path (the decode steps here) rounds X to bf16 too (kernels.h),
+// which moves its outputs as much as the weights' rounding does: there the rounded model is
+// only required within the same 5e-2 (test_cpu_isa.c checks that path's products exactly).
 #include <criterion/criterion.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/svc/svc.h"
 #include "testutil.h"
@@ -78,12 +82,15 @@ static double rel_diff(const float *got, const float *want, size_t n) {
     return d / (mx > 0.0 ? mx : 1.0);
 }
 
-// bf16 agrees with the rounded model to 1e-5 and differs from the unrounded one by 1e-4 .. 5e-2.
-static void expect_bf16(const char *what, const float *out[N_RIGS], size_t n) {
+// bf16 agrees with the rounded model to 1e-5 (to 5e-2 where X is rounded to bf16 too: x_rounded)
+// and differs from the unrounded one by 1e-4 .. 5e-2.
+static void expect_bf16(const char *what, const float *out[N_RIGS], size_t n, bool x_rounded) {
     double near = rel_diff(out[BF16], out[ROUNDED], n), far = rel_diff(out[BF16], out[FP32], n);
+    double near_max = x_rounded ? 5e-2 : 1e-5;
     cr_log_info("%s: bf16 vs %s %.3g, vs %s %.3g (relative to the largest magnitude)", what, rig_name[ROUNDED], near,
                 rig_name[FP32], far);
-    cr_assert(near <= 1e-5, "%s: bf16 model vs fp32 model with bf16-rounded matrices: %.3g > 1e-5", what, near);
+    cr_assert(near <= near_max, "%s: bf16 model vs fp32 model with bf16-rounded matrices: %.3g > %g", what, near,
+              near_max);
     cr_assert(far > 1e-4 && far < 5e-2, "%s: bf16 model vs unrounded fp32 model: %.3g outside (1e-4, 5e-2)", what,
               far);
 }
@@ -118,9 +125,10 @@ static void check_step(bool tied) {
         }
         kvcache_destroy(&kc);
     }
-    expect_bf16("prefill logits", (const float *[]){out[0], out[1], out[2]}, (size_t)(P0 + P1) * V);
+    expect_bf16("prefill logits", (const float *[]){out[0], out[1], out[2]}, (size_t)(P0 + P1) * V, false);
     size_t off = (size_t)(P0 + P1) * V;
-    expect_bf16("decode logits", (const float *[]){out[0] + off, out[1] + off, out[2] + off}, n - off);
+    expect_bf16("decode logits", (const float *[]){out[0] + off, out[1] + off, out[2] + off}, n - off,
+                !strcmp(kernels_cpu_isa(), "avx512-bf16"));
     for (int r = 0; r < N_RIGS; r++) free(out[r]);
     rigs_free(g);
 }
@@ -164,8 +172,8 @@ static void check_train(bool tied) {
     for (int r = 0; r < N_RIGS; r++)
         for (int i = 0; i < NS; i++)
             for (int t = 0; t < LEN; t++) flat[r][i * LEN + t] = t < s[i].len ? lp[r][i][t] : 0.0f;
-    expect_bf16("log-probs", (const float *[]){flat[0], flat[1], flat[2]}, NS * LEN);
-    expect_bf16("LoRA gradients", (const float *[]){grad[0], grad[1], grad[2]}, np);
+    expect_bf16("log-probs", (const float *[]){flat[0], flat[1], flat[2]}, NS * LEN, false);
+    expect_bf16("LoRA gradients", (const float *[]){grad[0], grad[1], grad[2]}, np, false);
     for (int r = 0; r < N_RIGS; r++) free(grad[r]);
     rigs_free(g);
 }

@@ -53,13 +53,16 @@ static void run_local(tfp_t *f, const char *name, const char *const *args, int n
 
 Test(train_local, step_fingerprint, .timeout = 120) {
     tfp_pin_threads();
+    // Recorded again when the decode steps' products (a few rows of X against each weight matrix)
+    // moved from OpenBLAS's sgemv/sgemm to the CPU backend's GEMV kernels (kernels/cpu/cpu.c): the
+    // rollouts' logits differ in their last bits, and so the samples and what is trained on them.
     static const tfp_recorded_t plain[] = {
-        {"gcc12/avx512f/SkylakeX", 0x62b37140f4993bd3ull},
-        {"gcc12/avx512f/SkylakeX/san", 0xb9f4c38a4c2a3235ull},
+        {"gcc12/avx512f/SkylakeX", 0x5d57987e9df8862cull},
+        {"gcc12/avx512f/SkylakeX/san", 0x6b7f198523c3f6a1ull},
     };
     static const tfp_recorded_t kl[] = {
-        {"gcc12/avx512f/SkylakeX", 0x71fe21da4c1425b6ull},
-        {"gcc12/avx512f/SkylakeX/san", 0xd02fa99d239a594cull},
+        {"gcc12/avx512f/SkylakeX", 0xb1a84371f3d35ccbull},
+        {"gcc12/avx512f/SkylakeX/san", 0x5dc63dc91aae518aull},
     };
     tfp_t a, b;
     tfp_init(&a);
