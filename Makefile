@@ -142,13 +142,21 @@ SVC_BINS  := $(SERVICES:%=$(BUILD)/bin/marlaas-%)
 .PHONY: all test unit integration valgrind valgrind-run bench bench-tokenizer demo clean install
 all: $(LIB) $(BENCH_BIN) $(TENANCY_BIN) $(TOKBENCH_BIN) $(CLI_BIN) $(SVC_BINS)
 
-$(BUILD)/obj/%.o: %.c
+# Objects depend on a stamp named after the compile flags: a build tree made with other flags
+# (another ARCH, an older Makefile) is recompiled instead of linked with stale objects.
+FLAGS_STAMP := $(BUILD)/.flags-$(shell printf '%s' '$(CC) $(CFLAGS) $(ARCH_CFLAGS)' | md5sum | cut -c1-16)
+$(FLAGS_STAMP):
+	@mkdir -p $(dir $@)
+	@rm -f $(BUILD)/.flags-*
+	@touch $@
+
+$(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(ARCH_CFLAGS) -c $< -o $@
 
 # A CPU kernel variant: no ARCH_CFLAGS (an -march=native before the variant's own -march would
 # leave its extensions enabled, e.g. AVX-512 in the scalar variant).
-$(CPU_VARIANT_OBJ): $(BUILD)/obj/kernels/cpu/cpu-%.o: kernels/cpu/cpu.c
+$(CPU_VARIANT_OBJ): $(BUILD)/obj/kernels/cpu/cpu-%.o: kernels/cpu/cpu.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CPU_ISA_FLAGS_$*) -c $< -o $@
 
