@@ -371,7 +371,9 @@ Test(cuda, bf16_convert) {
 
 // trans_w: C = alpha X W^T + beta C with W (N,K) bf16; !trans_w: C = alpha X W + beta C with W
 // (K,N) bf16 (the backward's dX = dY W). The GPU rounds X to bf16 (unit roundoff u16 = 2^-8),
-// the CPU reference does not, so per element, with B = |alpha| sum_k |x_k| |w_k|:
+// the CPU reference does not (but its avx512-bf16 variant for trans_w at M <= 8, which rounds X
+// the same way: kernels.h; both checks then hold a fortiori), so per element, with
+// B = |alpha| sum_k |x_k| |w_k|:
 //   |cuda - cpu| <= u16 B  (X rounding)  +  2 (K+2) 2^-23 B  (two fp32 accumulations in any
 //   order, doubled for tensor cores that truncate)  +  2^-22 |beta c|
 // (a rigorous bound; the typical X-rounding error is ~u16/sqrt(3) * sqrt(sum (x w)^2), far
