@@ -613,7 +613,7 @@ int main(int argc, char **argv) {
             if (!f->done) continue;
             char what[128];
             const char *wn = w16[wi] ? "bf16" : "fp32";
-            if (bw > 0) {
+            if (bw > 0 && f->dec1 > 0) {
                 snprintf(what, sizeof what, "%s %s: decode batch 1 streams the weights at >= 80%% of read bandwidth",
                          SHAPES[si].name, wn);
                 target(what, 100 * f->dec1 * f->bytes_tok / 1e9 / bw, 80, "%.0f%%", &fails);
@@ -633,7 +633,7 @@ int main(int argc, char **argv) {
                 printf("  %-4s %-70s %9.0f%%\n", "", "128 adapters / 1 adapter at batch >= 128 (reported)",
                        100 * f->ad128);
         }
-        if (nw == 2 && figs[si][0].done && figs[si][1].done) {
+        if (nw == 2 && figs[si][0].done && figs[si][1].done && figs[si][0].dec1 > 0) {
             const figs_t *a = &figs[si][0], *b = &figs[si][1];
             char what[128];
             snprintf(what, sizeof what, "%s: bf16 / fp32 decode tok/s at batch 1", SHAPES[si].name);

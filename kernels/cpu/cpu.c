@@ -9,6 +9,9 @@
 // shared with common/engine/sampler.c) is in cpu_host.c.
 #include <cblas.h>
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +84,19 @@ static void par_for(size_t n, size_t serial, size_t min_grain, void (*fn)(void *
 // the chunks a descheduled thread holds, not by a barrier of every thread. Every element of C is
 // computed by one OpenBLAS call over the whole K, as in one call: splitting M or N does not change
 // the order of any sum. Products too small to share run in one call.
+// OpenBLAS's OpenMP build takes its thread count from the calling thread's OpenMP setting
+// (omp_get_max_threads, a per-thread value that starts at the number of cores in every new
+// thread), not from openblas_set_num_threads alone: called from a pool thread it would start a
+// team of its own inside the pool. Every thread that calls it sets its own to 1 once.
+static _Thread_local bool blas_one;
+static inline void blas_single(void) {
+    if (blas_one) return;
+#ifdef _OPENMP
+    omp_set_num_threads(1);
+#endif
+    blas_one = true;
+}
+
 typedef struct {
     bool ta, tb, by_cols;
     int M, N, K, blk, lda, ldb, ldc;
@@ -91,6 +107,7 @@ typedef struct {
 
 static void sgemm_chunk(void *c_, size_t lo, size_t hi) {
     const sgemm_t *c = c_;
+    blas_single();
     CBLAS_TRANSPOSE ta = c->ta ? CblasTrans : CblasNoTrans, tb = c->tb ? CblasTrans : CblasNoTrans;
     for (size_t b = lo; b < hi; b++) {
         int x0 = (int)b * c->blk, len = c->by_cols ? c->N - x0 : c->M - x0;
@@ -116,6 +133,7 @@ static void sgemm_pool(bool ta, bool tb, int M, int N, int K, float alpha, const
     int blk = (len + 4 * T - 1) / (4 * T);
     blk = (blk + 15) / 16 * 16;
     if (blk < 32) blk = 32;
+    blas_single();
     if (T == 1 || (double)M * N * K < SGEMM_POOL_MIN_MACS || blk >= len) {
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
                     lda, B, ldb, beta, C, ldc);
@@ -427,6 +445,7 @@ static void cpu_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const f
     // The other orientation (X W, a backward's shape) at one or two rows: matrix-vector
     // products, which read W once per row, where sgemm would pack all of W for every call.
     if (M <= 2 && !ta) {
+        blas_single();
         for (int i = 0; i < M; i++)
             cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, tb ? N : K, tb ? K : N, alpha, B, ldb,
                         A + (size_t)i * lda, 1, beta, C + (size_t)i * ldc, 1);
