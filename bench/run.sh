@@ -67,7 +67,7 @@ header_done=0
 for N in "${NS[@]}"; do
     runs=("sync 1 sync" "async 1 async")
     # The one-by-one baseline also with two threads per service: it runs one stage at a time, so
-    # each stage could have both cores (OpenMP threads sleep when idle: OMP_WAIT_POLICY=PASSIVE).
+    # each stage could have both cores (the CPU backend's pool threads sleep when idle).
     if [ "$N" = 1 ] || [ "$N" = 8 ]; then runs+=("sync 2 sync-2t"); fi
     # A second sync run of the largest N: how far two runs of the same policy differ per job
     # (GRPO samples differ), the yardstick for the async - sync quality differences.
@@ -78,9 +78,8 @@ for N in "${NS[@]}"; do
     for r in "${runs[@]}"; do
         read -r pol th label <<< "$r"
         log "end to end: $label, $N jobs"
-        wp=$([ "$th" -gt 1 ] && echo PASSIVE || echo "${OMP_WAIT_POLICY:-}")
         ins=$([ "$label" = async-plain ] && echo 1 || echo 0)
-        INSECURE=$ins OMP_WAIT_POLICY=$wp THREADS=$th LABEL=$label bench/e2e.sh "$pol" "$N" "$E2E" > "$E2E/$label-n$N.out" 2>&1 ||
+        INSECURE=$ins THREADS=$th LABEL=$label bench/e2e.sh "$pol" "$N" "$E2E" > "$E2E/$label-n$N.out" 2>&1 ||
             { tail -n 20 "$E2E/$label-n$N.out" >&2; log "FAILED: $label N=$N (see $E2E/$label-n$N.out)"; }
         f="$E2E/$label-n$N/run.csv"
         if [ -f "$f" ]; then
