@@ -334,6 +334,15 @@ static inline __attribute__((always_inline)) void gemv_tile_bf16(const int m, co
         for (int i = 0; i < m; i++) gemv_store(C, ldc, i0 + i, j, alpha, beta, s[i]);                     \
     }
 
+// The tile height m (1..4) as a constant, so each case compiles its own unrolled tile.
+#define GEMV_ROWS_SWITCH(rows_m)                                                                          \
+    switch (m) {                                                                                          \
+    case 1: rows_m(GEMV_R_OF(1), i0, 1, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;            \
+    case 2: rows_m(GEMV_R_OF(2), i0, 2, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;            \
+    case 3: rows_m(GEMV_R_OF(3), i0, 3, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;            \
+    default: rows_m(GEMV_R_OF(4), i0, 4, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;           \
+    }
+
 #define GEMV_ARGS int i0, int m, int j0, int j1, int K, float alpha, const XT_ *X, int ldx, const WT_ *W, int ldw, \
                   float beta, float *C, int ldc
 
@@ -344,12 +353,7 @@ static inline __attribute__((always_inline)) void gemv_rows_f32_m(const int R, G
     GEMV_ROWS_BODY(gemv_tile_f32, float, float)
 }
 static void gemv_rows_f32(GEMV_ARGS) {
-    switch (m) {
-    case 1: gemv_rows_f32_m(GEMV_R_OF(1), i0, 1, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
-    case 2: gemv_rows_f32_m(GEMV_R_OF(2), i0, 2, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
-    case 3: gemv_rows_f32_m(GEMV_R_OF(3), i0, 3, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
-    default: gemv_rows_f32_m(GEMV_R_OF(4), i0, 4, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
-    }
+    GEMV_ROWS_SWITCH(gemv_rows_f32_m)
 }
 #undef WT_
 #define WT_ uint16_t
@@ -357,12 +361,7 @@ static inline __attribute__((always_inline)) void gemv_rows_bf16_m(const int R, 
     GEMV_ROWS_BODY(gemv_tile_bf16, float, uint16_t)
 }
 static void gemv_rows_bf16(GEMV_ARGS) {
-    switch (m) {
-    case 1: gemv_rows_bf16_m(GEMV_R_OF(1), i0, 1, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
-    case 2: gemv_rows_bf16_m(GEMV_R_OF(2), i0, 2, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
-    case 3: gemv_rows_bf16_m(GEMV_R_OF(3), i0, 3, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
-    default: gemv_rows_bf16_m(GEMV_R_OF(4), i0, 4, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
-    }
+    GEMV_ROWS_SWITCH(gemv_rows_bf16_m)
 }
 #undef WT_
 #else
@@ -558,12 +557,7 @@ static inline __attribute__((always_inline)) BF16DP_TARGET void gemv_rows_dp_m(c
     GEMV_ROWS_BODY(gemv_tile_dp, uint16_t, uint16_t)
 }
 static BF16DP_TARGET void gemv_rows_dp(GEMV_ARGS) {
-    switch (m) {
-    case 1: gemv_rows_dp_m(GEMV_R_OF(1), i0, 1, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
-    case 2: gemv_rows_dp_m(GEMV_R_OF(2), i0, 2, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
-    case 3: gemv_rows_dp_m(GEMV_R_OF(3), i0, 3, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
-    default: gemv_rows_dp_m(GEMV_R_OF(4), i0, 4, j0, j1, K, alpha, X, ldx, W, ldw, beta, C, ldc); break;
-    }
+    GEMV_ROWS_SWITCH(gemv_rows_dp_m)
 }
 #undef XT_
 #undef WT_
