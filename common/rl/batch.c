@@ -62,7 +62,8 @@ int rl_batch_add_job(rl_batch_t *b, const rl_job_cfg_t *cfg, const rl_group_t *g
         int G = gr->n_samples, P = gr->n_prompt;
         j->groups++;
         j->samples += G;
-        for (int s = 0; s < G; s++) rw[s] = gr->samples[s].reward, j->reward_sum += rw[s];
+        for (int s = 0; s < G; s++)
+            rw[s] = gr->samples[s].reward, j->reward_sum += rw[s], j->reward_sq += (double)rw[s] * rw[s];
         if (G > 0) rl_group_advantages(rw, G, cfg->std_norm, adv);
         // the difference of the versions as the trainer has always reported it (unsigned)
         j->staleness_sum += cfg->version - gr->version;

@@ -64,6 +64,7 @@ typedef struct {
     int groups, skipped;       // groups added; of them, skipped (skip_flat)
     int samples;               // samples
     double reward_sum;         // rewards, summed in order
+    double reward_sq;          // their squares, summed in order (the spread of the step's rewards)
     double staleness_sum;      // cfg.version - group version
     double gen_seconds;
     double turns;              // model turns (0 counted as 1)

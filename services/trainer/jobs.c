@@ -610,7 +610,7 @@ static void finish(tjobs_t *t, tjob_t *j, const rl_batch_job_t *bj, const rl_ste
     char v[20][40];
     const char *mf[STEP_METRICS] = {"step", "reward", "kl", "clip_frac", "entropy", "ratio", "staleness", "tokens",
                                     "train_s", "gen_s", "groups", "dropped", "grad_norm", "time", "turns", "env_tokens",
-                                    "mismatch"};
+                                    "reward_std", "mismatch"};
     snprintf(v[0], 40, "%u", j->step + 1);
     snprintf(v[1], 40, "%.5f", bj->reward_sum / bj->samples);
     snprintf(v[2], 40, "%.6f", ls->kl);
@@ -627,10 +627,13 @@ static void finish(tjobs_t *t, tjob_t *j, const rl_batch_job_t *bj, const rl_ste
     snprintf(v[13], 40, "%.3f", (double)time(NULL));
     snprintf(v[14], 40, "%.3f", bj->turns / bj->samples);
     snprintf(v[15], 40, "%.0f", bj->env_tokens);
-    snprintf(v[16], 40, "%.3g", ls->mismatch);
-    int nm = ls->mismatch_tokens > 0 ? 17 : 16;
+    // the spread of the step's rewards over its samples (population standard deviation)
+    double rmean = bj->reward_sum / bj->samples, rvar = bj->reward_sq / bj->samples - rmean * rmean;
+    snprintf(v[16], 40, "%.5f", rvar > 0 ? sqrt(rvar) : 0.0);
+    snprintf(v[17], 40, "%.3g", ls->mismatch);
+    int nm = ls->mismatch_tokens > 0 ? 18 : 17;
     const char *mv[20];
-    for (int q = 0; q < 17; q++) mv[q] = v[q];
+    for (int q = 0; q < 18; q++) mv[q] = v[q];
     if (publish(t, j, mf, mv, nm, err)) {
         logj_error(j->id, "step %u not published (%s); the step is retried with the next data", j->step + 1, err);
         return;
@@ -645,7 +648,7 @@ static void finish(tjobs_t *t, tjob_t *j, const rl_batch_job_t *bj, const rl_ste
     logt_info(tenant[0] ? tenant : NULL, j->id,
               "step=%u version=%u reward=%.3f kl=%.4f clip=%.3f mismatch=%s staleness=%.2f tokens=%.0f "
               "train_s=%.3f turns=%s env_tokens=%s",
-              j->step, j->version, bj->reward_sum / bj->samples, ls->kl, ls->clip_frac, nm == 17 ? v[16] : "-",
+              j->step, j->version, bj->reward_sum / bj->samples, ls->kl, ls->clip_frac, nm == 18 ? v[17] : "-",
               bj->staleness_sum / j->spec.prompts, bj->tokens, sj->seconds, v[14], v[15]);
     for (int g = 0; g < j->spec.prompts; g++) group_free(&j->buf[g]);
     memmove(j->buf, j->buf + j->spec.prompts, sizeof(tgroup_t) * (size_t)(j->n_buf - j->spec.prompts));

@@ -97,6 +97,7 @@ try {
     check(`job page has the ${c} chart`, (await page.$(`[data-chart="${c}"] svg`)) !== null);
   const band = await page.$('[data-chart="eval_acc"] polygon');
   check('eval accuracy has its 95 % interval band', band !== null);
+  check('the reward curve has its spread band (mean +- std)', (await page.$('[data-chart="reward"] polygon')) !== null);
   const spec = await page.$eval('#job-spec', (p) => p.textContent);
   check('the spec is shown', spec.includes('"task"'), spec.slice(0, 80));
   const adapters = await page.$$eval('#job-adapters a', (as) => as.map((a) => a.getAttribute('href')));

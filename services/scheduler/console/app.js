@@ -223,7 +223,7 @@ function chart(title, key, series) {
 }
 
 const STEP_CURVES = [
-  ['reward', 'Reward (mean)'], ['kl', 'KL'], ['entropy', 'Entropy'], ['clip_frac', 'Clip fraction'],
+  ['kl', 'KL'], ['entropy', 'Entropy'], ['clip_frac', 'Clip fraction'],
   ['staleness', 'Staleness'], ['mismatch', 'Rollout/trainer mismatch'],
 ];
 function stepSeries(metrics, key) {
@@ -257,6 +257,10 @@ async function renderJob(id) {
   $('cancel').dataset.job = id;
   const charts = $('job-charts');
   clear(charts);
+  // the step's mean reward with the spread of its samples' rewards (mean +- one standard deviation)
+  const rw = m.filter((e) => e.step !== undefined && e.reward !== undefined);
+  charts.appendChild(chart('Reward (mean \u00B1 std)', 'reward', [{name: 'reward', points: rw.map((e) => [e.step, e.reward]),
+    band: rw.filter((e) => e.reward_std !== undefined).map((e) => [e.step, e.reward - e.reward_std, e.reward + e.reward_std])}]));
   for (const [key, title] of STEP_CURVES) {
     if (key === 'mismatch' && !m.some((e) => e.mismatch !== undefined)) continue;
     charts.appendChild(chart(title, key, [{name: key, points: stepSeries(m, key)}]));
