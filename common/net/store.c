@@ -815,14 +815,17 @@ int store_xadd(store_t *s, const char *key, long maxlen_approx, int nfields, con
     return rc;
 }
 
-int store_xrange(store_t *s, const char *key, const char *start, int count, store_entry_t **entries,
-                 int *n, char *err) {
+// XRANGE from start (latest false), or XREVRANGE of the latest count entries (latest true);
+// entries come back oldest first either way.
+static int xrange(store_t *s, const char *key, const char *start, int count, bool latest, store_entry_t **entries,
+                  int *n, char *err) {
     *entries = NULL;
     *n = 0;
     char c[24];
     snprintf(c, sizeof c, "%d", count);
     const char *argv[] = {"XRANGE", key, start ? start : "-", "+", "COUNT", c};
-    redisReply *r = store_run(s, count > 0 ? 6 : 4, argv, NULL, T(ARRAY), err);
+    const char *rargv[] = {"XREVRANGE", key, "+", "-", "COUNT", c};
+    redisReply *r = store_run(s, count > 0 ? 6 : 4, latest ? rargv : argv, NULL, T(ARRAY), err);
     if (!r) return -1;
     int rc = -1, m = 0;
     store_entry_t *v = NULL;
@@ -855,6 +858,10 @@ int store_xrange(store_t *s, const char *key, const char *start, int count, stor
         }
     }
     rc = 0;
+    for (int i = 0; latest && i < m / 2; i++) {
+        store_entry_t t = v[i];
+        v[i] = v[m - 1 - i], v[m - 1 - i] = t;
+    }
 done:
     freeReplyObject(r);
     if (rc == 0) {
@@ -864,6 +871,16 @@ done:
         store_entries_free(&v, m);
     }
     return rc;
+}
+
+int store_xrange(store_t *s, const char *key, const char *start, int count, store_entry_t **entries,
+                 int *n, char *err) {
+    return xrange(s, key, start, count, false, entries, n, err);
+}
+
+int store_xrange_latest(store_t *s, const char *key, int count, store_entry_t **entries, int *n, char *err) {
+    if (count <= 0) return err_set(err, "redis XREVRANGE: count must be positive");
+    return xrange(s, key, NULL, count, true, entries, n, err);
 }
 
 void store_entries_free(store_entry_t **entries, int n) {

@@ -255,6 +255,10 @@ int store_xadd(store_t *s, const char *key, long maxlen_approx, int nfields, con
 int store_xrange(store_t *s, const char *key, const char *start, int count, store_entry_t **entries,
                  int *n, char *err);
 
+// The latest count (> 0) entries of the stream (XREVRANGE key + - COUNT count), oldest first:
+// what a reader of recent entries needs without reading the whole stream.
+int store_xrange_latest(store_t *s, const char *key, int count, store_entry_t **entries, int *n, char *err);
+
 // Frees what store_xrange returned and sets *entries to NULL. Accepts NULL.
 void store_entries_free(store_entry_t **entries, int n);
 

@@ -51,6 +51,13 @@
 #define JOB_SAMPLES_KEPT 8            // job:{id}:samples: the latest scored samples kept
 #define JOB_SAMPLE_MAX_BYTES 1024     // a kept sample's completion text, cut at a character boundary
 #define JOB_DATA_BYTES "data_bytes"   // bytes of the uploaded dataset (absent: none)
+// Kept by the trainer with every published step (in the same atomic script): the job's totals of
+// trained tokens and compute-seconds (train_s + gen_s) over all its steps, and the latest step's
+// mean reward and staleness, so readers need not scan the metrics stream (capped at ~10,000).
+#define JOB_TOKENS "tokens"
+#define JOB_COMPUTE_S "compute_s"
+#define JOB_REWARD "reward"
+#define JOB_STALENESS "staleness"
 // Fields of a tenant:{name} hash.
 #define TENANT_NAME "name"
 #define TENANT_TOKEN_HASH "token_hash"

@@ -595,9 +595,13 @@ static int op_job_metrics(api_t *a, const char *tenant, bool admin, const proto_
     store_entry_t *e = NULL;
     int ne = 0;
     key_metrics(a->st, key, sizeof key, job);
-    if (store_xrange(a->st, key, "-", 0, &e, &ne, err)) return -1;
+    // the latest count entries only (XREVRANGE): a reader of a long job's recent steps does not
+    // make the scheduler read the whole stream
+    if (count < 1) count = 1;
+    if (count > 100000) count = 100000;
+    if (store_xrange_latest(a->st, key, (int)count, &e, &ne, err)) return -1;
     cJSON *arr = cJSON_CreateArray();
-    for (int i = ne > count ? ne - (int)count : 0; i < ne; i++) {
+    for (int i = 0; i < ne; i++) {
         cJSON *o = cJSON_CreateObject();
         for (int k = 0; k < e[i].n; k++) cJSON_AddNumberToObject(o, e[i].kv[k].field, strtod(e[i].kv[k].value, NULL));
         cJSON_AddItemToArray(arr, o);

@@ -19,7 +19,8 @@
 
 #define COOKIE "marlaas_session"
 #define MAX_METRICS 4000     // entries of a job's stream the job page gets (its latest)
-#define MAX_JOBS_SUMMED 200  // jobs of the table whose streams are read for the summary columns
+#define MAX_JOBS_SUMMED 200  // jobs of the table whose streams are read for tokens/s
+#define TABLE_ENTRIES 32     // latest metrics entries read per job for the table
 #define MAX_ADAPTERS 16      // versions looked for below the current one
 #define MAX_SERVICES 256     // heartbeats of the cluster view
 
@@ -209,21 +210,13 @@ static double num(const cJSON *o, const char *k, double def) {
 
 // The table's summary of a job's stream: latest reward, staleness and mismatch, tokens generated,
 // compute seconds (rollout generation + training), tokens per second of the latest steps.
+// Tokens/s over the wall time of the latest 10 steps of m (the job's latest entries): their
+// tokens since the step before. Totals, the latest reward and staleness come with the job (the
+// trainer keeps them in the job hash).
 static void summarize(cJSON *job, const cJSON *m) {
-    double tokens = 0, compute = 0, reward = -1, stale = -1, tok_recent = 0, t_first = 0, t_last = 0;
-    int n = cJSON_GetArraySize(m), steps = 0;
-    for (int i = 0; i < n; i++) {
-        const cJSON *e = cJSON_GetArrayItem(m, i);
-        if (!cJSON_HasObjectItem(e, "reward")) continue;
-        tokens += num(e, "tokens", 0);
-        compute += num(e, "train_s", 0) + num(e, "gen_s", 0);
-        reward = num(e, "reward", reward);
-        stale = num(e, "staleness", stale);
-        steps++;
-    }
-    // tokens per second over the wall time of the latest 10 steps: their tokens since the step before
+    double tok_recent = 0, t_first = 0, t_last = 0;
     int seen = 0;
-    for (int i = n - 1; i >= 0 && seen < 11; i--) {
+    for (int i = cJSON_GetArraySize(m) - 1; i >= 0 && seen < 11; i--) {
         const cJSON *e = cJSON_GetArrayItem(m, i);
         if (!cJSON_HasObjectItem(e, "reward")) continue;
         if (seen == 0) t_last = num(e, "time", 0);
@@ -231,12 +224,6 @@ static void summarize(cJSON *job, const cJSON *m) {
         t_first = num(e, "time", 0);
         seen++;
     }
-    if (steps) {
-        cJSON_AddNumberToObject(job, "reward", reward);
-        cJSON_AddNumberToObject(job, "staleness", stale);
-    }
-    cJSON_AddNumberToObject(job, "tokens", tokens);
-    cJSON_AddNumberToObject(job, "compute_s", compute);
     if (seen > 1 && t_last > t_first) cJSON_AddNumberToObject(job, "tokens_per_s", tok_recent / (t_last - t_first));
 }
 
@@ -327,7 +314,9 @@ static enum MHD_Result h_jobs(console_t *c, struct MHD_Connection *con, const se
         cJSON *j = cJSON_GetArrayItem(jobs, i);
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id");
         if (!cJSON_IsString(id)) continue;
-        cJSON *m = job_metrics(c, s, id->valuestring, 100000, err, sizeof err);
+        // the latest entries only (11 steps and a few eval entries between them): the table's
+        // cost per poll does not grow with a job's steps
+        cJSON *m = job_metrics(c, s, id->valuestring, TABLE_ENTRIES, err, sizeof err);
         if (m) summarize(j, m);
         cJSON_Delete(m);
         total += num(j, "compute_s", 0);

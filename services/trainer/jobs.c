@@ -472,19 +472,24 @@ static void drop_stale(tjob_t *j) {
 #define STEP_METRICS 20
 
 // KEYS: adapter, job, old adapter, optimizer, metrics. ARGV: blob, version, step, drop old (0/1),
-// optimizer state ("" = none), then metric field/value pairs. Returns -1 when applied, else the
-// stored step that made it stand back.
+// optimizer state ("" = none), the step's tokens, compute-seconds, mean reward and staleness
+// (the job hash's totals and latest values), then metric field/value pairs. Returns -1 when
+// applied, else the stored step that made it stand back.
 static const char PUBLISH_LUA[] =
     "local cur = tonumber(redis.call('HGET', KEYS[2], '" JOB_STEP "') or '0') or 0\n"
     "if cur >= tonumber(ARGV[3]) then return cur end\n"
     "redis.call('SET', KEYS[1], ARGV[1])\n"
-    "redis.call('HSET', KEYS[2], '" JOB_VERSION "', ARGV[2], '" JOB_STEP "', ARGV[3])\n"
+    "redis.call('HSET', KEYS[2], '" JOB_VERSION "', ARGV[2], '" JOB_STEP "', ARGV[3], '" JOB_REWARD "', ARGV[8], '"
+    JOB_STALENESS "', ARGV[9])\n"
+    "redis.call('HINCRBYFLOAT', KEYS[2], '" JOB_TOKENS "', ARGV[6])\n"
+    "redis.call('HINCRBYFLOAT', KEYS[2], '" JOB_COMPUTE_S "', ARGV[7])\n"
     "if ARGV[4] == '1' then redis.call('DEL', KEYS[3]) end\n"
     "if ARGV[5] ~= '' then redis.call('SET', KEYS[4], ARGV[5]) end\n"
-    "redis.call('XADD', KEYS[5], 'MAXLEN', '~', '10000', '*', unpack(ARGV, 6))\n"
+    "redis.call('XADD', KEYS[5], 'MAXLEN', '~', '10000', '*', unpack(ARGV, 10))\n"
     "return -1\n";
 
-static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int nm, char *err) {
+// hv: the step's tokens, compute-seconds, mean reward and staleness for the job hash.
+static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int nm, const char *const hv[4], char *err) {
     ASSERT(nm >= 1 && nm <= STEP_METRICS);
     lora_t *a = lora_pool_get(engine_pool(t->e), j->slot);
     uint8_t *blob = NULL, *ob = NULL;
@@ -502,10 +507,10 @@ static int publish(tjobs_t *t, tjob_t *j, const char **mf, const char **mv, int 
     if (drop_old) key_adapter(t->st, kold, sizeof kold, j->id, v - (uint32_t)t->cfg.keep_versions);
     else snprintf(kold, sizeof kold, "%s", kad);   // a key of this job, not touched (ARGV[4] = 0)
     if ((j->step + 1) % (uint32_t)t->cfg.optim_every == 0) optim_serialize(j->opt, &ob, &ol);
-    enum { NFIX = 13 };
+    enum { NFIX = 17 };
     const char *argv[NFIX + 2 * STEP_METRICS] = {"EVAL", PUBLISH_LUA, "5", kad, kjob, kold, kopt, kmet,
                                                  (const char *)blob, vs, ss, drop_old ? "1" : "0",
-                                                 ob ? (const char *)ob : ""};
+                                                 ob ? (const char *)ob : "", hv[0], hv[1], hv[2], hv[3]};
     size_t lens[NFIX + 2 * STEP_METRICS];
     for (int i = 0; i < NFIX; i++) lens[i] = strlen(argv[i]);
     lens[8] = len;
@@ -634,7 +639,10 @@ static void finish(tjobs_t *t, tjob_t *j, const rl_batch_job_t *bj, const rl_ste
     int nm = ls->mismatch_tokens > 0 ? 18 : 17;
     const char *mv[20];
     for (int q = 0; q < 18; q++) mv[q] = v[q];
-    if (publish(t, j, mf, mv, nm, err)) {
+    char compute[40];
+    snprintf(compute, sizeof compute, "%.4f", sj->seconds + bj->gen_seconds);
+    const char *hv[4] = {v[7], compute, v[1], v[6]};
+    if (publish(t, j, mf, mv, nm, hv, err)) {
         logj_error(j->id, "step %u not published (%s); the step is retried with the next data", j->step + 1, err);
         return;
     }

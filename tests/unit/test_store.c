@@ -573,6 +573,19 @@ Test(store, streams) {
     cr_assert_eq(seen, xlen);
     cr_assert_eq(pages, (int)((xlen + 2) / 3));
 
+    // The latest 3 entries, oldest first, equal the tail of the whole stream; more than there are
+    // gives them all; a count below 1 is refused.
+    cr_assert_eq(store_xrange_latest(st, k, 3, &e, &n, err), 0, "%s", err);
+    cr_assert_eq(n, 3);
+    for (int i = 0; i < 3; i++) cr_assert_eq(atoi(e[i].kv[0].value), 37 + i, "latest entry %d: step %s", i, e[i].kv[0].value);
+    cr_assert_str_eq(e[2].id, last);
+    store_entries_free(&e, n);
+    cr_assert_eq(store_xrange_latest(st, k, 1000, &e, &n, err), 0, "%s", err);
+    cr_assert_eq(n, xlen);
+    cr_assert_eq(atoi(e[0].kv[0].value), first_step);
+    store_entries_free(&e, n);
+    cr_assert_eq(store_xrange_latest(st, k, 0, &e, &n, err), -1);
+
     for (int i = 0; i < 20; i++) {
         const char *v[] = {"1", "2"};
         cr_assert_eq(store_xadd(st, k2, 0, 2, f, v, NULL, err), 0, "%s", err);

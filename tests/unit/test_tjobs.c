@@ -467,6 +467,20 @@ Test(tjobs, a_publish_sent_again_after_a_lost_reply_counts_once) {
         cr_assert_eq(store_hget(r.st, key, "step", &sv, &n, err), 0, "%s", err);
         cr_assert_eq(strtoul(sv, NULL, 10), step, "stored step %s", sv);
         free(sv);
+        // the job hash's token total (kept by the same script) counted each step once
+        double sum = 0;
+        store_key(r.st, key, sizeof key, "metrics:%s", "j1");
+        store_entry_t *e = NULL;
+        int ne = 0;
+        cr_assert_eq(store_xrange(r.st, key, "-", 0, &e, &ne, err), 0, "%s", err);
+        for (int i = 0; i < ne; i++)
+            for (int q = 0; q < e[i].n; q++)
+                if (!strcmp(e[i].kv[q].field, "tokens")) sum += strtod(e[i].kv[q].value, NULL);
+        store_entries_free(&e, ne);
+        store_key(r.st, key, sizeof key, "job:%s", "j1");
+        cr_assert_eq(store_hget(r.st, key, "tokens", &sv, &n, err), 0, "%s", err);
+        cr_assert(sum > 0 && strtod(sv, NULL) == sum, "step %u: job hash tokens %s, the stream's sum %g", step, sv, sum);
+        free(sv);
     }
     cr_assert_eq(rl.cut, 1, "the relay cut %d replies", rl.cut);
     tjobs_destroy(&t);
