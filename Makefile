@@ -92,7 +92,7 @@ OPT      := $(if $(filter 1,$(DEBUG)),-O0,-O2) -g
 CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -fopenmp -MMD -MP $(WARN) -I. \
             $(BLAS_CFLAGS)
 ARCH_CFLAGS := $(if $(strip $(ARCH)),-march=$(strip $(ARCH)))
-LDLIBS   := -Wl,--as-needed -lczmq -lzmq -lhiredis -lmsgpackc -lsodium -lcjson -lmicrohttpd -lpcre2-8 -lutf8proc $(BLAS_LIBS) -fopenmp -lm -lpthread
+LDLIBS   := -Wl,--as-needed -lczmq -lzmq -lhiredis -lmsgpackc -lsodium -lcjson -lmicrohttpd -larchive -lpcre2-8 -lutf8proc $(BLAS_LIBS) -fopenmp -lm -lpthread
 ifeq ($(VG),1)
 # memcheck cannot follow PCRE2's JIT-compiled code (it reports its reads as uninitialised): the
 # valgrind build matches tokenizer regexes with PCRE2's interpreter.

@@ -283,17 +283,9 @@ lora_t *lora_deserialize(const void *buf, size_t len, const hf_config_t *m, cons
         err_set(err, "adapter blob: %s", e2);
         return NULL;
     }
-    const char *r = st_metadata(f, "lora_r"), *al = st_metadata(f, "lora_alpha"), *tg = st_metadata(f, "lora_targets");
     lora_t *a = NULL;
-    if (!r || !al || !tg) {
-        err_set(err, "adapter blob: metadata lora_r / lora_alpha / lora_targets missing");
-        goto done;
-    }
-    peft_config_t c = {0};
-    char *end;
-    c.r = (int)strtol(r, &end, 10);
-    c.alpha = strtof(al, NULL);
-    c.targets = (unsigned)strtoul(tg, NULL, 10);
+    peft_config_t c;
+    if (peft_blob_config(f, &c, err)) goto done;
     a = alloc_adapter(m, &c, k, err);
     if (a && read_tensors(a, f, m, err)) lora_destroy(&a);
 done:

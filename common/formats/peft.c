@@ -2,6 +2,7 @@
 #include "peft.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -132,11 +133,19 @@ int peft_config_load(peft_config_t *cfg, const char *path, char *err) {
     return rc;
 }
 
-int peft_config_save(const peft_config_t *cfg, const char *path, char *err) {
-    if (cfg->r <= 0) return err_set(err, "%s: r must be positive, got %d", path, cfg->r);
-    if (!cfg->targets || (cfg->targets & ~LORA_ALL_TARGETS))
-        return err_set(err, "%s: invalid target mask 0x%x", path, cfg->targets);
-    if (!isfinite(cfg->alpha)) return err_set(err, "%s: lora_alpha is not finite", path);
+char *peft_config_json(const peft_config_t *cfg, char *err) {
+    if (cfg->r <= 0) {
+        err_set(err, "r must be positive, got %d", cfg->r);
+        return NULL;
+    }
+    if (!cfg->targets || (cfg->targets & ~LORA_ALL_TARGETS)) {
+        err_set(err, "invalid target mask 0x%x", cfg->targets);
+        return NULL;
+    }
+    if (!isfinite(cfg->alpha)) {
+        err_set(err, "lora_alpha is not finite");
+        return NULL;
+    }
 
     cJSON *root = json_need(cJSON_CreateObject());
     json_need(cJSON_AddStringToObject(root, "peft_type", "LORA"));
@@ -157,7 +166,35 @@ int peft_config_save(const peft_config_t *cfg, const char *path, char *err) {
     char *json = cJSON_Print(root);
     cJSON_Delete(root);
     if (!json) json_need(NULL);
-    int rc = util_write_file(path, json, strlen(json), err);
+    char *out = xstrdup(json);
     cJSON_free(json);
+    return out;
+}
+
+int peft_config_save(const peft_config_t *cfg, const char *path, char *err) {
+    char e2[ERR_LEN];
+    char *json = peft_config_json(cfg, e2);
+    if (!json) return err_set(err, "%s: %s", path, e2);
+    int rc = util_write_file(path, json, strlen(json), err);
+    free(json);
     return rc;
+}
+
+int peft_blob_config(const st_file_t *f, peft_config_t *cfg, char *err) {
+    memset(cfg, 0, sizeof *cfg);
+    const char *r = st_metadata(f, "lora_r"), *al = st_metadata(f, "lora_alpha"), *tg = st_metadata(f, "lora_targets");
+    if (!r || !al || !tg) return err_set(err, "adapter blob: metadata lora_r / lora_alpha / lora_targets missing");
+    char *end;
+    errno = 0;
+    long rv = strtol(r, &end, 10);
+    if (!*r || *end || errno || rv < 1 || rv > INT_MAX) return err_set(err, "adapter blob: lora_r '%.32s' is not a positive integer", r);
+    float alpha = strtof(al, &end);
+    if (!*al || *end || !isfinite(alpha)) return err_set(err, "adapter blob: lora_alpha '%.32s' is not a finite number", al);
+    unsigned long t = strtoul(tg, &end, 10);
+    if (!*tg || *end || !t || (t & ~(unsigned long)LORA_ALL_TARGETS))
+        return err_set(err, "adapter blob: lora_targets '%.32s' is not a target mask", tg);
+    cfg->r = (int)rv;
+    cfg->alpha = alpha;
+    cfg->targets = (unsigned)t;
+    return 0;
 }

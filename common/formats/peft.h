@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 
+#include "common/formats/safetensors.h"
 #include "common/util/util.h"
 
 typedef enum { LORA_Q = 0, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_N_TARGETS } lora_target_t;
@@ -34,5 +35,22 @@ void peft_tensor_name(char *buf, size_t n, int layer, lora_target_t t, char ab);
 int peft_config_parse(peft_config_t *cfg, const char *json, char *err);
 int peft_config_load(peft_config_t *cfg, const char *path, char *err);
 int peft_config_save(const peft_config_t *cfg, const char *path, char *err);
+// The adapter_config.json text peft_config_save writes (caller frees), or NULL with err (what is
+// invalid, without a file name).
+char *peft_config_json(const peft_config_t *cfg, char *err);
+
+// An adapter blob (the stored form of a job's adapter, lora_serialize): a safetensors buffer with
+// the PEFT tensor names, fp32 values, and the metadata lora_r, lora_alpha and lora_targets (the
+// mask of lora_target_t). Reads its configuration (base_model left empty); -1 with err when the
+// metadata is missing or malformed.
+int peft_blob_config(const st_file_t *f, peft_config_t *cfg, char *err);
+
+// The blob as one PEFT adapter in a tar archive (POSIX ustar): DIR/adapter_config.json (the blob's
+// configuration naming base_model, which may be NULL) and DIR/adapter_model.safetensors (the
+// blob's tensors, in its order, with the metadata {"format": "pt"}) - the same two files, byte for
+// byte, that lora_save writes for the adapter. The blob is checked first: every tensor fp32 with
+// a PEFT name. Returns 0 with *out (caller frees) or -1 with err.
+int peft_archive_tar(const void *blob, size_t len, const char *base_model, const char *dir, uint8_t **out,
+                     size_t *out_len, char *err);
 
 #endif

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/formats/peft.h"
 #include "common/rl/keys.h"
 #include "common/svc/http.h"
 #include "common/util/log.h"
@@ -402,14 +403,20 @@ static enum MHD_Result h_adapter(console_t *c, struct MHD_Connection *con, const
         proto_rep_free(&rep);
         return send_error(con, 500, "no adapter in the reply");
     }
-    void *copy = xmalloc(b->len ? b->len : 1);
-    memcpy(copy, b->s, b->len);
-    size_t len = b->len;
+    // the job's PEFT adapter as `marlaas adapter pull` writes it, in one tar: job ids are j-N (the
+    // API found it), safe in a folder name and a header
+    char dir[PROTO_MAX_ID + 32], disp[2 * sizeof dir], e2[ERR_LEN];
+    snprintf(dir, sizeof dir, "%s-v%lld", job, (long long)v);
+    uint8_t *tar = NULL;
+    size_t len = 0;
+    int rc = peft_archive_tar(b->s, b->len, proto_args_get_str(&rep.result, "base_model"), dir, &tar, &len, e2);
     proto_rep_free(&rep);
-    // job ids are j-N (the API found it): safe in a header
-    char disp[160];
-    snprintf(disp, sizeof disp, "attachment; filename=\"%.40s-v%lld-adapter_model.safetensors\"", job, (long long)v);
-    return send_buf(con, 200, copy, len, MHD_RESPMEM_MUST_FREE, "application/octet-stream", NULL, disp);
+    if (rc) {
+        logj_error(job, "console: the adapter version %lld could not be packed: %s", (long long)v, e2);
+        return send_error(con, 500, "the stored adapter could not be packed; see the scheduler's log");
+    }
+    snprintf(disp, sizeof disp, "attachment; filename=\"%s-peft.tar\"", dir);
+    return send_buf(con, 200, tar, len, MHD_RESPMEM_MUST_FREE, "application/x-tar", NULL, disp);
 }
 
 static enum MHD_Result h_cancel(console_t *c, struct MHD_Connection *con, const session_t *s, const req_t *rq) {

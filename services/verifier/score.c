@@ -187,6 +187,20 @@ static vjob_t *job_get(scorer_t *s, const char *id) {
     return j;
 }
 
+char *scorer_prompt(scorer_t *s, const char *job, proto_kind_t kind, uint64_t index) {
+    for (int i = 0; i < MAX_JOBS; i++) {
+        vjob_t *j = s->jobs[i];
+        if (!j || strcmp(j->id, job) != 0 || !j->ok) continue;
+        task_example_t ex = {0};
+        char *out = NULL;
+        if (rl_source_example(&j->src, kind == PROTO_KIND_EVAL ? TASK_EVAL : TASK_TRAIN, index, &ex) >= 0 && ex.prompt)
+            out = xstrdup(ex.prompt);
+        task_example_free(&ex);
+        return out;
+    }
+    return NULL;
+}
+
 // A job's reward or environment failure, logged rate-limited per job: the first at once, then
 // one line per WARN_EVERY_S with the number of the others (a dead service costs a line every few
 // seconds, not one per group, and is never silent).

@@ -47,6 +47,9 @@ void scorer_poll(scorer_t *s);
 // service failed and its spec says on_failure = "fail". Caller frees with proto_batch_destroy.
 proto_batch_t *scorer_take(scorer_t *s, bool *job_failed, bool *cont, char *error);
 int scorer_pending(const scorer_t *s);
+// The prompt text of a job's example (the task's or dataset record's prompt, before any chat
+// template; caller frees), NULL when the job is not cached or the record has no prompt text.
+char *scorer_prompt(scorer_t *s, const char *job, proto_kind_t kind, uint64_t index);
 double scorer_busy_seconds(const scorer_t *s);
 // Service sockets open now; replies not applied so far (see cfg.reject).
 int scorer_endpoints(const scorer_t *s);

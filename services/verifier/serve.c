@@ -104,16 +104,8 @@ static void send_continuation(verifier_t *v, const proto_batch_t *b) {
     proto_buf_free(&buf);
 }
 
-// One sample of a scored training batch (the first group's best) kept in job:{id}:samples, the
-// latest JOB_SAMPLES_KEPT, each completion cut at JOB_SAMPLE_MAX_BYTES on a character boundary: what
-// the web console shows as the job's recent completions. A failed write costs only that sample.
-static void keep_sample(verifier_t *v, const proto_batch_t *b) {
-    if (!v->st || b->kind != PROTO_KIND_TRAIN || !b->n_groups || !b->groups[0].n_samples) return;
-    const proto_group_t *g = &b->groups[0];
-    const proto_sample_t *best = &g->samples[0];
-    for (uint32_t k = 1; k < g->n_samples; k++)
-        if (g->samples[k].reward > best->reward) best = &g->samples[k];
-    const char *t = best->text ? best->text : "";
+// text cut at JOB_SAMPLE_MAX_BYTES on a character boundary (caller frees)
+static char *cut_text(const char *t) {
     size_t n = strlen(t);
     if (n > JOB_SAMPLE_MAX_BYTES) {
         n = JOB_SAMPLE_MAX_BYTES;
@@ -122,10 +114,31 @@ static void keep_sample(verifier_t *v, const proto_batch_t *b) {
     char *cut = xmalloc(n + 1);
     memcpy(cut, t, n);
     cut[n] = 0;
+    return cut;
+}
+
+// One sample of a scored training batch (the first group's best) kept in job:{id}:samples, the
+// latest JOB_SAMPLES_KEPT, its prompt and completion each cut at JOB_SAMPLE_MAX_BYTES on a
+// character boundary: what the web console shows as the job's recent completions. A failed write
+// costs only that sample.
+static void keep_sample(verifier_t *v, const proto_batch_t *b) {
+    if (!v->st || b->kind != PROTO_KIND_TRAIN || !b->n_groups || !b->groups[0].n_samples) return;
+    const proto_group_t *g = &b->groups[0];
+    const proto_sample_t *best = &g->samples[0];
+    for (uint32_t k = 1; k < g->n_samples; k++)
+        if (g->samples[k].reward > best->reward) best = &g->samples[k];
+    char *cut = cut_text(best->text ? best->text : "");
+    char *prompt = scorer_prompt(v->sc, b->job, b->kind, g->index);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "version", b->adapter_version);
     cJSON_AddNumberToObject(o, "reward", best->reward);
     cJSON_AddNumberToObject(o, "group_size", g->n_samples);
+    if (prompt) {
+        char *pc = cut_text(prompt);
+        cJSON_AddStringToObject(o, "prompt", pc);
+        free(pc);
+        free(prompt);
+    }
     cJSON_AddStringToObject(o, "completion", cut);
     cJSON_AddNumberToObject(o, "time", (double)time(NULL));
     free(cut);

@@ -103,8 +103,11 @@ try {
   const adapters = await page.$$eval('#job-adapters a', (as) => as.map((a) => a.getAttribute('href')));
   check('adapter versions with download links', adapters.length > 0 && adapters.every((h) => h.startsWith('/api/adapter?id=')),
         adapters.join(','));
-  const samples = await page.$$eval('#job-samples .sample pre', (ps) => ps.map((p) => p.textContent));
+  const samples = await page.$$eval('#job-samples .sample pre.completion', (ps) => ps.map((p) => p.textContent));
   check(`sample completions with their rewards (${samples.length})`, samples.length > 0 && samples.length <= 8);
+  const prompts = await page.$$eval('#job-samples .sample pre.prompt', (ps) => ps.map((p) => p.textContent));
+  check(`each sample with its prompt (${prompts.length})`, prompts.length === samples.length && prompts.every((p) => p.length > 0),
+        JSON.stringify(prompts.slice(0, 2)));
   const cancelVisible = await page.$eval('#cancel', (b) => !b.hidden);
   check('the tenant sees a cancel button on its running job', cancelVisible);
   await page.screenshot({path: `${SHOTS}/console-job.png`, fullPage: true});

@@ -2,7 +2,8 @@
 # The web console (services/scheduler/console.c) on a real cluster: `marlaas up` turns it on.
 #   - over HTTP with curl: security headers, no inline script, login refusals, the cookie's
 #     flags, isolation (tenant A cannot reach B's job by URL, by the JSON endpoints the page
-#     polls, by an adapter download link), the admin is read-only, cancel refused without or with
+#     polls, by an adapter download link), the download is the PEFT adapter `marlaas adapter pull`
+#     writes (a tar of its two files, compared byte for byte), the admin is read-only, cancel refused without or with
 #     a wrong CSRF token (also another session's), logout ends the session, body limits, no
 #     redirect and no token in any log;
 #   - in a real browser (headless Chromium driven by puppeteer-core, tests/console/check.mjs): log
@@ -84,8 +85,8 @@ check "no session: a job's metrics 401" [ "$(code "$U/api/metrics?id=$JLIVE")" =
 check "no session: an adapter 401" [ "$(code "$U/api/adapter?id=$JLIVE")" = 401 ]
 check "forged cookie: 401" [ "$(code -b "marlaas_session=$(printf '0%.0s' $(seq 64))" "$U/api/jobs")" = 401 ]
 # the current version (the trainer keeps only the latest few: a listed one may be gone a moment later)
-check "A: own adapter downloads (a safetensors file)" \
-    sh -c "curl -s -b '$tmp/a' -D '$tmp/ad' -o '$tmp/adapter' '$U/api/adapter?id=$JLIVE' && grep -qi 'content-disposition: attachment' '$tmp/ad' && [ \$(stat -c %s '$tmp/adapter') -gt 1000 ]"
+check "A: own adapter downloads (an attachment)" \
+    sh -c "curl -s -b '$tmp/a' -D '$tmp/ad' -o '$tmp/adapter' '$U/api/adapter?id=$JLIVE' && grep -qi 'content-disposition: attachment; filename=\"$JLIVE-v[0-9]*-peft.tar\"' '$tmp/ad' && [ \$(stat -c %s '$tmp/adapter') -gt 1000 ]"
 check "A: the cluster view is the admin's (403)" [ "$(code -b "$tmp/a" "$U/api/cluster")" = 403 ]
 
 # --- cancel: CSRF, ownership, the read-only admin -------------------------------------------------
@@ -101,6 +102,19 @@ check "after the refused cancels $JCAN is still running ($st)" [ "$st" = running
 check "B's job was not cancelled" [ "$(status_of "$TB" "$JB")" = running ]
 check "cancel with the session's CSRF token: 200" [ "$(cancel "$tmp/a" "$CA" "$JCAN")" = 200 ]
 check "and the job is cancelled" [ "$(status_of "$TA" "$JCAN")" = cancelled ]
+# the download of a job that no longer trains (its versions stay): a PEFT adapter in a tar, the
+# same two files `marlaas adapter pull` writes, byte for byte
+curl -s -b "$tmp/a" -D "$tmp/cd" -o "$tmp/can.tar" "$U/api/adapter?id=$JCAN"
+cv=$(sed -n "s/.*filename=\"$JCAN-v\([0-9]*\)-peft.tar\".*/\1/p" "$tmp/cd" | tr -d '\r')
+check "the download names its version ($cv) and is a tar" \
+    sh -c "[ -n '$cv' ] && grep -qi '^content-type: application/x-tar' '$tmp/cd'"
+mkdir -p "$tmp/untar"
+check "the tar holds the folder $JCAN-v$cv with adapter_config.json and adapter_model.safetensors" \
+    sh -c "[ \"\$(tar -tf '$tmp/can.tar' | sort | tr '\n' ' ')\" = '$JCAN-v$cv/adapter_config.json $JCAN-v$cv/adapter_model.safetensors ' ] && tar -xf '$tmp/can.tar' -C '$tmp/untar'"
+"$M" adapter pull "$JCAN" --version "${cv:-0}" -o "$tmp/pulled" --token "$TA" > /dev/null 2>&1 || true
+for f in adapter_config.json adapter_model.safetensors; do
+    check "the downloaded $f equals what adapter pull writes" cmp "$tmp/untar/$JCAN-v$cv/$f" "$tmp/pulled/$f"
+done
 check "a cancel body over 4 KiB: 413" \
     [ "$(code -b "$tmp/a" -H "X-CSRF-Token: $CA" --data "id=$(head -c 5000 /dev/zero | tr '\0' x)" "$U/api/cancel")" = 413 ]
 

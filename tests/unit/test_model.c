@@ -1,5 +1,7 @@
 // test_model.c - model and adapter files: bit-exact round trips (HF safetensors, PEFT files,
 // Redis blobs), F16/BF16 checkpoints, and clear errors for damaged model folders.
+#include <archive.h>
+#include <archive_entry.h>
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
@@ -208,6 +210,121 @@ Test(lora, peft_files_and_blobs_round_trip_bit_exact) {
     cr_assert_null(lora_load(dir, &c2, kernels_cpu(), err));
     cr_assert(strstr(err, "shape"), "%s", err);
     lora_destroy(&a), lora_destroy(&b), lora_destroy(&d);
+}
+
+// The body of the member `name` in a tar archive (caller frees), NULL when absent; *n its size.
+static char *tar_member(const uint8_t *tar, size_t len, const char *name, size_t *n, int *members) {
+    struct archive *ar = archive_read_new();
+    archive_read_support_format_tar(ar);
+    cr_assert_eq(archive_read_open_memory(ar, tar, len), ARCHIVE_OK, "%s", archive_error_string(ar));
+    struct archive_entry *e;
+    char *body = NULL;
+    *members = 0;
+    while (archive_read_next_header(ar, &e) == ARCHIVE_OK) {
+        ++*members;
+        if (strcmp(archive_entry_pathname(e), name) != 0) continue;
+        cr_assert_eq(archive_entry_filetype(e), AE_IFREG);
+        *n = (size_t)archive_entry_size(e);
+        body = malloc(*n + 1);
+        cr_assert_eq(archive_read_data(ar, body, *n), (la_ssize_t)*n);
+    }
+    archive_read_free(ar);
+    return body;
+}
+
+static void assert_same_as_file(const char *body, size_t n, const char *dir, const char *name) {
+    char path[512], err[ERR_LEN];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    size_t fn;
+    char *want = util_read_file(path, &fn, err);
+    cr_assert_not_null(want, "%s", err);
+    cr_assert_not_null(body, "%s missing from the archive", name);
+    cr_assert(fn == n && memcmp(want, body, n) == 0, "%s in the archive differs from lora_save's", name);
+    free(want);
+}
+
+// The console's download: the stored blob as a tar holding the two files lora_save writes, byte
+// for byte; a blob that is no adapter, or an unsafe folder name, is refused with its reason.
+Test(lora, peft_archive_holds_the_files_lora_save_writes) {
+    char dir[256], err[ERR_LEN];
+    tu_tmpdir(dir, sizeof dir, "peft-tar");
+    hf_config_t c = tu_config();
+    lora_t *a = tu_adapter(&c, 4, 1u << LORA_K | 1u << LORA_UP, 9);
+    snprintf(a->cfg.base_model, sizeof a->cfg.base_model, "Qwen/Qwen2.5-0.5B");
+    cr_assert_eq(lora_save(a, dir, err), 0, "%s", err);
+    uint8_t *blob, *tar;
+    size_t n, tn, bn;
+    int members;
+    cr_assert_eq(lora_serialize(a, &blob, &n, err), 0, "%s", err);
+    cr_assert_eq(peft_archive_tar(blob, n, "Qwen/Qwen2.5-0.5B", "j-7-v3", &tar, &tn, err), 0, "%s", err);
+    cr_assert_eq(tn % 512, 0, "a tar is whole 512-byte blocks");
+    char *body = tar_member(tar, tn, "j-7-v3/adapter_config.json", &bn, &members);
+    cr_assert_eq(members, 2);
+    assert_same_as_file(body, bn, dir, "adapter_config.json");
+    free(body);
+    body = tar_member(tar, tn, "j-7-v3/adapter_model.safetensors", &bn, &members);
+    assert_same_as_file(body, bn, dir, "adapter_model.safetensors");
+    free(body);
+    free(tar);
+    // no base model: null in the config, as lora_save writes it
+    cr_assert_eq(peft_archive_tar(blob, n, NULL, "x", &tar, &tn, err), 0, "%s", err);
+    body = tar_member(tar, tn, "x/adapter_config.json", &bn, &members);
+    cr_assert(body && strstr(body, "\"base_model_name_or_path\":\tnull"), "%s", body ? body : "(none)");
+    free(body);
+    free(tar);
+    // refusals
+    const char *bad_dirs[] = {"", "a/b", "..", "."};
+    for (size_t i = 0; i < sizeof bad_dirs / sizeof *bad_dirs; i++) {
+        cr_assert_eq(peft_archive_tar(blob, n, NULL, bad_dirs[i], &tar, &tn, err), -1, "folder '%s'", bad_dirs[i]);
+        cr_assert(strstr(err, "one plain name"), "%s", err);
+        cr_assert_null(tar);
+    }
+    char longname[300];
+    memset(longname, 'm', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    cr_assert_eq(peft_archive_tar(blob, n, longname, "x", &tar, &tn, err), -1);
+    cr_assert(strstr(err, "base model name longer"), "%s", err);
+    cr_assert_eq(peft_archive_tar(blob, n / 2, NULL, "x", &tar, &tn, err), -1);
+    cr_assert(strstr(err, "adapter blob"), "%s", err);
+    free(blob);
+    // blobs whose metadata or tensors are no adapter's
+    float v[4] = {1, 2, 3, 4};
+    int64_t shape[1] = {4};
+    struct {
+        const char *r, *alpha, *targets, *tensor, *want;
+    } cases[] = {
+        {"4", "8", "3", "base_model.model.x.lora_A.weight", NULL},
+        {NULL, "8", "3", "base_model.model.x.lora_A.weight", "metadata lora_r"},
+        {"0", "8", "3", "base_model.model.x.lora_A.weight", "lora_r '0'"},
+        {"4x", "8", "3", "base_model.model.x.lora_A.weight", "lora_r '4x'"},
+        {"4", "nan", "3", "base_model.model.x.lora_A.weight", "lora_alpha 'nan'"},
+        {"4", "8", "4096", "base_model.model.x.lora_A.weight", "lora_targets '4096'"},
+        {"4", "8", "0", "base_model.model.x.lora_A.weight", "lora_targets '0'"},
+        {"4", "8", "3", "model.embed_tokens.weight", "not an fp32 PEFT tensor"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        st_writer_t *w = st_writer_new();
+        if (cases[i].r) st_writer_metadata(w, "lora_r", cases[i].r);
+        st_writer_metadata(w, "lora_alpha", cases[i].alpha);
+        st_writer_metadata(w, "lora_targets", cases[i].targets);
+        st_writer_add_f32(w, cases[i].tensor, 1, shape, v);
+        cr_assert_eq(st_writer_serialize(w, &blob, &n, err), 0, "%s", err);
+        st_writer_destroy(&w);
+        int rc = peft_archive_tar(blob, n, NULL, "x", &tar, &tn, err);
+        if (!cases[i].want) {
+            cr_assert_eq(rc, 0, "case %zu: %s", i, err);
+            free(tar);
+        } else {
+            cr_assert_eq(rc, -1, "case %zu accepted", i);
+            cr_assert(strstr(err, cases[i].want), "case %zu: %s", i, err);
+            if (cases[i].tensor[0] == 'b') {   // the engine reads the same metadata the same way
+                cr_assert_null(lora_deserialize(blob, n, &c, kernels_cpu(), err));
+                cr_assert(strstr(err, cases[i].want), "case %zu (lora_deserialize): %s", i, err);
+            }
+        }
+        free(blob);
+    }
+    lora_destroy(&a);
 }
 
 Test(lora, pool_slot_replacement_leaves_other_slots_intact) {

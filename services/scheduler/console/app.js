@@ -161,7 +161,7 @@ function renderJobs(jobs) {
 const COLORS = ['#3069d6', '#d65a30', '#2a9d5c', '#9c3fc4', '#c4a000', '#3fb4c4', '#c43f7a', '#666'];
 // series: [{name, color, points: [[x, y]], band: [[x, lo, hi]]}]
 function chart(title, key, series) {
-  const W = 360, H = 180, L = 44, R = 8, T = 8, B = 22;
+  const W = 360, H = 180, L = 58, R = 8, T = 8, B = 22;   // L fits a label like -3.95e-12
   const box = el('div', {class: 'chart', 'data-chart': key});
   box.appendChild(el('h4', {}, title));
   const svg = svgEl('svg', {width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': title});
@@ -286,7 +286,12 @@ async function renderJob(id) {
       const box = el('div', {class: 'sample'});
       box.appendChild(el('div', {}, `adapter version ${s.version ?? ''} \u00B7 reward ${fmt(s.reward)}` +
         ` (best of its group of ${s.group_size ?? '?'})`));
-      box.appendChild(el('pre', {}, s.completion || ''));
+      if (s.prompt !== undefined) {
+        box.appendChild(el('div', {class: 'muted'}, 'prompt'));
+        box.appendChild(el('pre', {class: 'prompt'}, s.prompt));
+      }
+      box.appendChild(el('div', {class: 'muted'}, 'completion'));
+      box.appendChild(el('pre', {class: 'completion'}, s.completion || ''));
       sm.appendChild(box);
     }
   }
