@@ -485,35 +485,45 @@ static void cpu_from_bf16(float *dst, const uint16_t *src, size_t n) {
 // The fp32 copy of a block of W rows (gemm_bf16w), or X rounded to bf16: one grow-only buffer
 // per calling thread, freed when the thread exits (a pthread key's destructor; the main thread's
 // stays reachable).
-static pthread_key_t bf16_buf_key;
+static pthread_key_t bf16_buf_key, pack_buf_key;
 static pthread_once_t bf16_buf_once = PTHREAD_ONCE_INIT;
 static _Thread_local float *bf16_buf;
 static _Thread_local size_t bf16_buf_cap;
 
 static void bf16_buf_key_init(void) {
-    if (pthread_key_create(&bf16_buf_key, free) != 0) {
+    if (pthread_key_create(&bf16_buf_key, free) != 0 || pthread_key_create(&pack_buf_key, free) != 0) {
         fprintf(stderr, "FATAL pthread_key_create failed at %s:%d\n", __FILE__, __LINE__);
         abort();
     }
 }
 
-static float *bf16_scratch(size_t n) {
-    if (n > bf16_buf_cap) {
+// *buf grown to n floats (64-byte aligned, contents not kept), registered under key.
+static float *scratch_grow(float **buf, size_t *cap, pthread_key_t key, size_t n) {
+    if (n > *cap) {
         pthread_once(&bf16_buf_once, bf16_buf_key_init);
-        free(bf16_buf);
-        bf16_buf = NULL;
-        bf16_buf_cap = 0;
+        free(*buf);
+        *buf = NULL;
+        *cap = 0;
         size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
-        bf16_buf = aligned_alloc(64, bytes);
-        if (!bf16_buf) {
+        *buf = aligned_alloc(64, bytes);
+        if (!*buf) {
             fprintf(stderr, "FATAL out of memory allocating %zu bytes at %s:%d\n", bytes, __FILE__, __LINE__);
             abort();
         }
-        bf16_buf_cap = n;
-        pthread_setspecific(bf16_buf_key, bf16_buf);
+        *cap = n;
+        pthread_setspecific(key, *buf);
     }
-    return bf16_buf;
+    return *buf;
 }
+
+static float *bf16_scratch(size_t n) { return scratch_grow(&bf16_buf, &bf16_buf_cap, bf16_buf_key, n); }
+
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+// A second buffer of the calling thread: the AMX path's packed W (beside X in bf16_scratch).
+static _Thread_local float *pack_buf;
+static _Thread_local size_t pack_buf_cap;
+static float *pack_scratch(size_t n) { return scratch_grow(&pack_buf, &pack_buf_cap, pack_buf_key, n); }
+#endif
 
 #if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
 // The avx512-bf16 variant's few-rows path: X rounded to bf16 once per call, then vdpbf16ps, which
@@ -595,6 +605,159 @@ static void gemv_bf16_dp(int M, int N, int K, float alpha, const float *X, int l
         for (int k = K; k < kp; k++) bi[k] = 0;
     }
     gemv_dp_run(M, N, K, alpha, xb, kp, W, ldw, beta, C, ldc);
+}
+
+// --- AMX (the amx table): gemm_bf16w beyond the few-rows path --------------------------------------
+// Intel AMX multiplies bf16 tiles into fp32 tiles: tdpbf16ps adds A (16 rows x 32 bf16) times B
+// (16 rows of 16 column pairs: 32 K values x 16 columns, "VNNI" layout) into C (16 x 16 fp32),
+// 16 x 16 x 32 products per instruction, each pair of products added with one rounding (bf16
+// subnormals count as zero, as in vdpbf16ps). A call rounds X to bf16 (nearest even, as the
+// few-rows path and the cuda backend do) into rows padded with zeros to a multiple of 32 values,
+// and packs W into B tiles (zeros past N and K); then every block of 32 x 32 outputs (2 x 2 C
+// tiles, the 8 tile registers: 4 for C, 2 for A, 2 for B) runs over K on the pool, blocks of one
+// column block one after another (its B tiles stay in cache while X's rows pass). Packing reads
+// X and W once (O(M K + N K)) against the product's O(M N K). The CPU must have AMX-TILE and
+// AMX-BF16 and the kernel must have granted the process the tile state (cpu_host.c asks,
+// arch_prctl ARCH_REQ_XCOMP_PERM); the table is chosen only then.
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq")))
+#define AMX_K 32                     // bf16 values of K per tile row (64 bytes)
+#define AMX_TILE_U16 (16 * AMX_K)    // uint16 per packed B tile (1 KiB)
+
+typedef struct __attribute__((aligned(64))) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg_t;
+
+typedef struct {
+    bool trans_w;
+    const float *X;
+    int ldx;
+    const uint16_t *W;
+    int ldw, M, N, K, kp, kbn;   // kp: K padded to AMX_K, kbn = kp / AMX_K
+    uint16_t *xb, *wp;           // X rounded, rows of kp; W's tiles, [N/16 groups][kbn][16][32]
+    float alpha, beta;
+    float *C;
+    int ldc, mb;                 // mb: 32-row blocks
+} amx_job_t;
+
+// Rows [lo, hi) of xb: X rounded to bf16, zeros past K (and whole rows past M).
+static void amx_pack_x_chunk(void *c_, size_t lo, size_t hi) {
+    const amx_job_t *j = c_;
+    for (size_t i = lo; i < hi; i++) {
+        uint16_t *bi = j->xb + i * (size_t)j->kp;
+        int k0 = 0;
+        if ((int)i < j->M) {
+            round_row_bf16(bi, j->X + i * (size_t)j->ldx, j->K);
+            k0 = j->K;
+        }
+        memset(bi + k0, 0, sizeof(uint16_t) * (size_t)(j->kp - k0));
+    }
+}
+
+// Column groups [lo, hi) of 16 (output columns n) into B tiles: tile (g, kb) row r holds, for
+// n = 0..15, the pair (w(k, n), w(k + 1, n)) at k = kb * 32 + 2 r, where w(k, n) = W[n][k] with
+// trans_w (W (N, K)) and W[k][n] without (W (K, N)); zero past N or K.
+static AMX_TARGET void amx_pack_w_chunk(void *c_, size_t lo, size_t hi) {
+    const amx_job_t *j = c_;
+    for (size_t g = lo; g < hi; g++) {
+        int n0 = (int)g * 16, cols = j->N - n0 < 16 ? j->N - n0 : 16;
+        for (int kb = 0; kb < j->kbn; kb++) {
+            uint16_t *t = j->wp + (g * (size_t)j->kbn + (size_t)kb) * AMX_TILE_U16;
+            int k0 = kb * AMX_K, rem = j->K - k0 < AMX_K ? j->K - k0 : AMX_K;
+            if (j->trans_w) {
+                // row n of W holds the 16 pairs of column n: a 16 x 16 transpose of 32-bit pairs
+                uint32_t tmp[16][16] __attribute__((aligned(64)));
+                __mmask32 km = rem >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << rem) - 1);
+                for (int n = 0; n < 16; n++) {
+                    __m512i v = n < cols ? _mm512_maskz_loadu_epi16(km, j->W + (size_t)(n0 + n) * j->ldw + k0)
+                                         : _mm512_setzero_si512();
+                    _mm512_store_si512(tmp[n], v);
+                }
+                uint32_t *t32 = (uint32_t *)t;
+                for (int r = 0; r < 16; r++)
+                    for (int n = 0; n < 16; n++) t32[r * 16 + n] = tmp[n][r];
+            } else {
+                // rows k and k + 1 of W, interleaved
+                __mmask16 cm = (__mmask16)((1u << cols) - 1);
+                for (int r = 0; r < 16; r++) {
+                    int k = k0 + 2 * r;
+                    __m256i a = k < j->K ? _mm256_maskz_loadu_epi16(cm, j->W + (size_t)k * j->ldw + n0)
+                                         : _mm256_setzero_si256();
+                    __m256i b = k + 1 < j->K ? _mm256_maskz_loadu_epi16(cm, j->W + (size_t)(k + 1) * j->ldw + n0)
+                                             : _mm256_setzero_si256();
+                    __m512i v = _mm512_or_si512(_mm512_cvtepu16_epi32(a),
+                                                _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+                    _mm512_storeu_si512(t + r * AMX_K, v);
+                }
+            }
+        }
+    }
+}
+
+// Blocks [lo, hi) of 32 x 32 outputs, block b = column block (b / mb), row block (b % mb).
+static AMX_TARGET void amx_mul_chunk(void *c_, size_t lo, size_t hi) {
+    const amx_job_t *j = c_;
+    amx_cfg_t cfg = {.palette = 1};
+    for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+    float out[32 * 32] __attribute__((aligned(64)));
+    const size_t tile_col = (size_t)j->kbn * AMX_TILE_U16;   // uint16 per column group of tiles
+    const int xs = j->kp * (int)sizeof(uint16_t);
+    for (size_t b = lo; b < hi; b++) {
+        int jb = (int)(b / (size_t)j->mb), ib = (int)(b % (size_t)j->mb);
+        const uint16_t *a0 = j->xb + (size_t)ib * 32 * j->kp, *a1 = a0 + (size_t)16 * j->kp;
+        const uint16_t *b0 = j->wp + (size_t)(2 * jb) * tile_col, *b1 = b0 + tile_col;
+        bool two = 2 * jb + 1 < (j->N + 15) / 16;   // the second column group exists
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int kb = 0; kb < j->kbn; kb++) {
+            _tile_loadd(4, a0 + kb * AMX_K, xs);
+            _tile_loadd(5, a1 + kb * AMX_K, xs);
+            _tile_loadd(6, b0 + (size_t)kb * AMX_TILE_U16, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(2, 5, 6);
+            if (two) {
+                _tile_loadd(7, b1 + (size_t)kb * AMX_TILE_U16, 64);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+        }
+        _tile_stored(0, out, 128);
+        _tile_stored(1, out + 16, 128);
+        _tile_stored(2, out + 16 * 32, 128);
+        _tile_stored(3, out + 16 * 32 + 16, 128);
+        int i0 = ib * 32, j0 = jb * 32;
+        int rows = j->M - i0 < 32 ? j->M - i0 : 32, cols = j->N - j0 < 32 ? j->N - j0 : 32;
+        for (int i = 0; i < rows; i++) {
+            float *ci = j->C + (size_t)(i0 + i) * j->ldc + j0;
+            const float *oi = out + i * 32;
+            if (j->beta == 0.0f)
+                for (int c = 0; c < cols; c++) ci[c] = j->alpha * oi[c];
+            else
+                for (int c = 0; c < cols; c++) ci[c] = j->alpha * oi[c] + j->beta * ci[c];
+        }
+    }
+    _tile_release();
+}
+
+// gemm_bf16w on AMX (M, N, K >= 1).
+static void gemm_bf16w_amx(bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx,
+                           const uint16_t *W, int ldw, float beta, float *C, int ldc) {
+    amx_job_t j = {.trans_w = trans_w, .X = X, .ldx = ldx, .W = W, .ldw = ldw, .M = M, .N = N, .K = K,
+                   .alpha = alpha, .beta = beta, .C = C, .ldc = ldc};
+    j.kp = (K + AMX_K - 1) / AMX_K * AMX_K;
+    j.kbn = j.kp / AMX_K;
+    j.mb = (M + 31) / 32;
+    int groups = (N + 15) / 16, nb = (N + 31) / 32;
+    size_t xn = (size_t)j.mb * 32 * j.kp, wn = (size_t)groups * j.kbn * AMX_TILE_U16;
+    j.xb = (uint16_t *)bf16_scratch((xn + 1) / 2);
+    j.wp = (uint16_t *)pack_scratch((wn + 1) / 2);
+    par_for((size_t)j.mb * 32, (size_t)(PAR_ELEMS / j.kp), 16, amx_pack_x_chunk, &j);
+    par_for((size_t)groups, (size_t)(PAR_ELEMS / j.kp / 16), 1, amx_pack_w_chunk, &j);
+    par_for((size_t)j.mb * nb, 1, 1, amx_mul_chunk, &j);
 }
 #endif
 
@@ -691,6 +854,15 @@ static void cpu_gemm_bf16w(bool trans_w, int M, int N, int K, float alpha, const
 static void cpu_gemm_bf16w_dp(bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx,
                               const uint16_t *W, int ldw, float beta, float *C, int ldc) {
     gemm_bf16w(true, trans_w, M, N, K, alpha, X, ldx, W, ldw, beta, C, ldc);
+}
+
+// The amx table: the few-rows path of avx512-bf16 (trans_w, M <= BF16_SMALL_M), AMX for the rest.
+static void cpu_gemm_bf16w_amx(bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx,
+                               const uint16_t *W, int ldw, float beta, float *C, int ldc) {
+    if (M > BF16_SMALL_M && N > 0 && K > 0)
+        gemm_bf16w_amx(trans_w, M, N, K, alpha, X, ldx, W, ldw, beta, C, ldc);
+    else
+        gemm_bf16w(true, trans_w, M, N, K, alpha, X, ldx, W, ldw, beta, C, ldc);
 }
 #endif
 
@@ -1570,6 +1742,7 @@ static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, fl
 #if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
 const kernels_t kernels_cpu_avx512 = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w};
 const kernels_t kernels_cpu_avx512_bf16 = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w_dp};
+const kernels_t kernels_cpu_amx = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w_amx};
 #elif KERN_CPU_ISA == KERN_CPU_ISA_AVX2
 const kernels_t kernels_cpu_avx2 = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w};
 #else

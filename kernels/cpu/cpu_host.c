@@ -4,12 +4,14 @@
 // every variant's sample op share (one compiled copy, so the host sampler and the op agree bit
 // for bit whichever variant runs). The vectorised ops are in cpu.c, compiled once per variant
 // (see cpu_variants.h).
+#include <cpuid.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "kernels/cpu/cpu_variants.h"
@@ -225,7 +227,7 @@ int32_t kernels_cpu_sample_row(const float *logits, int vocab, float temperature
 // also checks that the OS saves the vector registers), chosen at the first kernels_cpu() call.
 // Under valgrind, whose CPU has no AVX-512, that is avx2.
 //
-// MARLAAS_CPU_ISA=avx512-bf16|avx512|avx2|scalar asks for one (to compare the variants, or to
+// MARLAAS_CPU_ISA=amx|avx512-bf16|avx512|avx2|scalar asks for one (to compare the variants, or to
 // compute on this machine what another one computes: the variants sum in different orders, so
 // their results differ in the last bits). A value that names no variant, or one this CPU cannot
 // run, stops the process (exit status 2) with the valid values: kernels other than the ones asked
@@ -237,9 +239,35 @@ typedef struct {
     const char *needs;   // what the CPU must have, for the refusal's message
 } cpu_variant_t;
 
+// AMX for this process: the CPU has AMX-TILE and AMX-BF16 (CPUID leaf 7: EDX bits 24 and 22),
+// the OS saves the tile state (XCR0 bits 17 and 18), and Linux grants the process the tile data
+// (arch_prctl ARCH_REQ_XCOMP_PERM, once; without it the first tile instruction kills the process).
+#if defined(__x86_64__)
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+static bool amx_ok;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_probe(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) return;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return;   // OSXSAVE: xgetbv runs
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return;
+    amx_ok = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+static bool amx_usable(void) {
+    pthread_once(&amx_once, amx_probe);
+    return amx_ok;
+}
+#endif
+
 // Best first.
 static const cpu_variant_t cpu_variants[] = {
 #if defined(__x86_64__)
+    {"amx", &kernels_cpu_amx, "x86-64-v4, AVX512_BF16, AMX-TILE and AMX-BF16 (and the kernel's grant of the tile state)"},
     {"avx512-bf16", &kernels_cpu_avx512_bf16, "x86-64-v4 (AVX-512 F/BW/CD/DQ/VL) and AVX512_BF16"},
     {"avx512", &kernels_cpu_avx512, "x86-64-v4 (AVX-512 F/BW/CD/DQ/VL)"},
     {"avx2", &kernels_cpu_avx2, "x86-64-v3 (AVX2, FMA, BMI2, F16C)"},
@@ -251,6 +279,8 @@ static const cpu_variant_t cpu_variants[] = {
 static bool cpu_variant_runs(const cpu_variant_t *v) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
+    if (v->table == &kernels_cpu_amx)
+        return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16") && amx_usable();
     if (v->table == &kernels_cpu_avx512_bf16)
         return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16");
     if (v->table == &kernels_cpu_avx512) return __builtin_cpu_supports("x86-64-v4");

@@ -3,12 +3,14 @@
 // run time (kernels_cpu). Internal to kernels/cpu.
 //
 //   KERN_CPU_ISA  compiled with                     tables
-//   avx512        -march=x86-64-v4                  kernels_cpu_avx512, kernels_cpu_avx512_bf16
+//   avx512        -march=x86-64-v4                  kernels_cpu_avx512, kernels_cpu_avx512_bf16,
+//                                                   kernels_cpu_amx
 //   avx2          -march=x86-64-v3                  kernels_cpu_avx2
 //   scalar        -march=x86-64 (the SSE2 baseline) kernels_cpu_scalar
 //
-// The two avx512 tables differ in gemm_bf16w only: avx512-bf16's few-rows path multiplies with
-// vdpbf16ps (AVX512_BF16, a function compiled for it alone, used only when the CPU has it).
+// The three avx512 tables differ in gemm_bf16w only: avx512-bf16's few-rows path multiplies with
+// vdpbf16ps (AVX512_BF16, a function compiled for it alone, used only when the CPU has it); amx
+// takes that path for few rows and AMX tiles (AMX-TILE, AMX-BF16) for more.
 #ifndef MARLAAS_KERNELS_CPU_VARIANTS_H
 #define MARLAAS_KERNELS_CPU_VARIANTS_H
 
@@ -19,6 +21,7 @@
 #define KERN_CPU_ISA_AVX512 2
 
 // Defined by the variants the build compiled (all three on x86-64, scalar elsewhere).
-extern const kernels_t kernels_cpu_avx512_bf16, kernels_cpu_avx512, kernels_cpu_avx2, kernels_cpu_scalar;
+extern const kernels_t kernels_cpu_amx, kernels_cpu_avx512_bf16, kernels_cpu_avx512, kernels_cpu_avx2,
+    kernels_cpu_scalar;
 
 #endif

@@ -15,7 +15,9 @@
 // by more than 1e-4 (the bf16 path is used) and less than 5e-2 (it is the same model). The
 // avx512-bf16 variant's few-rows path (the decode steps here) rounds X to bf16 too (kernels.h),
 // which moves its outputs as much as the weights' rounding does: there the rounded model is
-// only required within the same 5e-2 (test_cpu_isa.c checks that path's products exactly).
+// only required within the same 5e-2 (test_cpu_isa.c checks that path's products exactly). So is
+// the amx variant, which rounds X in every product (the *_amx tests); the others run on
+// avx512-bf16 where the CPU has AMX (tu_x_exact_variant).
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,16 +127,29 @@ static void check_step(bool tied) {
         }
         kvcache_destroy(&kc);
     }
-    expect_bf16("prefill logits", (const float *[]){out[0], out[1], out[2]}, (size_t)(P0 + P1) * V, false);
+    expect_bf16("prefill logits", (const float *[]){out[0], out[1], out[2]}, (size_t)(P0 + P1) * V,
+                tu_bf16_rounds_x(true, P0 + P1));
     size_t off = (size_t)(P0 + P1) * V;
     expect_bf16("decode logits", (const float *[]){out[0] + off, out[1] + off, out[2] + off}, n - off,
-                !strcmp(kernels_cpu_isa(), "avx512-bf16"));
+                tu_bf16_rounds_x(true, 2));
     for (int r = 0; r < N_RIGS; r++) free(out[r]);
     rigs_free(g);
 }
 
-Test(bf16, step_logits) { check_step(false); }
-Test(bf16, step_logits_tied_head) { check_step(true); }
+Test(bf16, step_logits, .init = tu_x_exact_variant) { check_step(false); }
+Test(bf16, step_logits_tied_head, .init = tu_x_exact_variant) { check_step(true); }
+
+// The amx variant (the default where the CPU has AMX) rounds X in every product: the same checks
+// with the bound of X's rounding.
+static void want_amx(void) {
+    if (kernels_cpu_variant("amx")) setenv("MARLAAS_CPU_ISA", "amx", 1);
+}
+#define NEED_AMX() \
+    if (strcmp(kernels_cpu_isa(), "amx") != 0) cr_skip_test("this CPU (or its kernel) cannot run the amx variant")
+Test(bf16, step_logits_amx, .init = want_amx) {
+    NEED_AMX();
+    check_step(false);
+}
 
 enum { NS = 3, LEN = 11 };
 
@@ -172,14 +187,20 @@ static void check_train(bool tied) {
     for (int r = 0; r < N_RIGS; r++)
         for (int i = 0; i < NS; i++)
             for (int t = 0; t < LEN; t++) flat[r][i * LEN + t] = t < s[i].len ? lp[r][i][t] : 0.0f;
-    expect_bf16("log-probs", (const float *[]){flat[0], flat[1], flat[2]}, NS * LEN, false);
-    expect_bf16("LoRA gradients", (const float *[]){grad[0], grad[1], grad[2]}, np, false);
+    // every product has more than 8 rows: the blocked (amx: tiled) path, both directions
+    bool xr = tu_bf16_rounds_x(false, 3 * LEN - 3);
+    expect_bf16("log-probs", (const float *[]){flat[0], flat[1], flat[2]}, NS * LEN, xr);
+    expect_bf16("LoRA gradients", (const float *[]){grad[0], grad[1], grad[2]}, np, xr);
     for (int r = 0; r < N_RIGS; r++) free(grad[r]);
     rigs_free(g);
 }
 
-Test(bf16, logprobs_and_lora_gradients) { check_train(false); }
-Test(bf16, logprobs_and_lora_gradients_tied_head) { check_train(true); }
+Test(bf16, logprobs_and_lora_gradients, .init = tu_x_exact_variant) { check_train(false); }
+Test(bf16, logprobs_and_lora_gradients_tied_head, .init = tu_x_exact_variant) { check_train(true); }
+Test(bf16, logprobs_and_lora_gradients_amx, .init = want_amx) {
+    NEED_AMX();
+    check_train(false);
+}
 
 // The fp32 arena keeps the vectors only, the matrices sit in the bf16 arena (with a head copy of
 // embed when tied), the pointers say so, and conversion twice changes nothing.

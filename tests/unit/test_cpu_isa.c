@@ -1,5 +1,5 @@
-// test_cpu_isa.c - the CPU backend's kernel variants (kernels_cpu_variant: avx512-bf16, avx512,
-// avx2, scalar; each one this CPU runs): the few-rows products (gemm with trans_b and gemm_bf16w
+// test_cpu_isa.c - the CPU backend's kernel variants (kernels_cpu_variant: amx, avx512-bf16,
+// avx512, avx2, scalar; each one this CPU runs): the few-rows products (gemm with trans_b and gemm_bf16w
 // with trans_w at M <= 8: the GEMV kernels; M = 9 crosses to sgemm) against a double-precision
 // reference, with row strides larger than the rows, alpha and beta (beta = 0 over a NaN-filled
 // C), odd sizes; the variants against each other; a row's result independent of the rows beside
@@ -13,7 +13,8 @@
 // against the reference on the rounded X with the same bound (its products of two bf16 are exact
 // in fp32; bf16 subnormals, flushed by vdpbf16ps, do not occur in these inputs), and against the
 // other variants with the rounding's own bound added, 2^-8 |alpha| sum_k |x_k w_k| (bf16 keeps 8
-// significant bits).
+// significant bits). The amx variant rounds X for every gemm_bf16w (AMX tiles beyond the few
+// rows, both directions): checked the same way at many rows, with and without trans_w.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <omp.h>
@@ -24,9 +25,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/cpu/pool.h"
 #include "kernels/kernels.h"
 
-static const char *const isas[] = {"avx512-bf16", "avx512", "avx2", "scalar"};
+static const char *const isas[] = {"amx", "avx512-bf16", "avx512", "avx2", "scalar"};
 #define N_ISAS (sizeof isas / sizeof *isas)
 
 // The few-rows paths' bounds in kernels/cpu/cpu.c (GEMV_MAX_M, BF16_SMALL_M): the sizes the
@@ -99,7 +101,7 @@ static float *prob_run(const prob_t *p, const kernels_t *k) {
 
 // Does variant isa round X on this problem?
 static bool rounds_x(const prob_t *p, const char *isa) {
-    return p->bf16 && p->M <= BF16_M && !strcmp(isa, "avx512-bf16");
+    return p->bf16 && ((p->M <= BF16_M && !strcmp(isa, "avx512-bf16")) || !strcmp(isa, "amx"));
 }
 
 // The exact C[i, j] (X rounded or not) and its error bound.
@@ -275,6 +277,79 @@ Test(cpu_isa, rows_and_threads_do_not_change_the_bits) {
     }
 }
 
+// The amx variant's tiles: gemm_bf16w at M > BF16_M, with trans_w (W (N, K)) and without (W (K,
+// N)), sizes off the 16 / 32 multiples, strides above the rows, alpha and beta (beta = 0 over
+// NaN), against the double-precision reference on X rounded to bf16 and against the avx512
+// variant (X exact) within the rounding's bound; 2 threads give the bits of 1.
+static void amx_case(const kernels_t *amx, const kernels_t *ref_k, bool trans, int M, int N, int K, float alpha,
+                     float beta) {
+    const kernels_t *k = kernels_cpu();
+    int ldx = K + 3, wr = trans ? N : K, wc = trans ? K : N, ldw = wc + 5, ldc = N + 2;
+    float *X = k->alloc(sizeof(float) * (size_t)M * ldx), *Xr = k->alloc(sizeof(float) * (size_t)M * ldx);
+    float *Wf = k->alloc(sizeof(float) * (size_t)wr * ldw);
+    uint16_t *W16 = k->alloc(sizeof(uint16_t) * (size_t)(M * ldx > wr * ldw ? M * ldx : wr * ldw));
+    float *C0 = k->alloc(sizeof(float) * (size_t)M * ldc), *C = k->alloc(sizeof(float) * (size_t)M * ldc);
+    float *Ce = k->alloc(sizeof(float) * (size_t)M * ldc), *C1 = k->alloc(sizeof(float) * (size_t)M * ldc);
+    for (int i = 0; i < M * ldx; i++) X[i] = ci_unif(-1, 1);
+    for (int i = 0; i < wr * ldw; i++) Wf[i] = ci_unif(-1, 1);
+    for (int i = 0; i < M * ldc; i++) C0[i] = beta == 0.0f ? NAN : ci_unif(-1, 1);
+    k->to_bf16(W16, X, (size_t)M * ldx);
+    k->from_bf16(Xr, W16, (size_t)M * ldx);
+    k->to_bf16(W16, Wf, (size_t)wr * ldw);
+    k->from_bf16(Wf, W16, (size_t)wr * ldw);
+    memcpy(C, C0, sizeof(float) * (size_t)M * ldc);
+    memcpy(Ce, C0, sizeof(float) * (size_t)M * ldc);
+    memcpy(C1, C0, sizeof(float) * (size_t)M * ldc);
+    kpool_set_threads(2);
+    amx->gemm_bf16w(trans, M, N, K, alpha, X, ldx, W16, ldw, beta, C, ldc);
+    kpool_set_threads(1);
+    amx->gemm_bf16w(trans, M, N, K, alpha, X, ldx, W16, ldw, beta, C1, ldc);
+    ref_k->gemm_bf16w(trans, M, N, K, alpha, X, ldx, W16, ldw, beta, Ce, ldc);
+    kpool_set_threads(2);
+    cr_assert(memcmp(C, C1, sizeof(float) * (size_t)M * ldc) == 0, "amx trans=%d M=%d N=%d K=%d: 2 threads != 1",
+              trans, M, N, K);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < ldc; j++) {
+            float got = C[(size_t)i * ldc + j], c0 = C0[(size_t)i * ldc + j];
+            if (j >= N) {
+                cr_assert(memcmp(&got, &c0, sizeof got) == 0, "amx: padding C[%d,%d] changed", i, j);
+                continue;
+            }
+            double sr = 0, se = 0, mag = 0;
+            for (int q = 0; q < K; q++) {
+                double w = trans ? Wf[(size_t)j * ldw + q] : Wf[(size_t)q * ldw + j];
+                sr += (double)Xr[(size_t)i * ldx + q] * w;
+                se += (double)X[(size_t)i * ldx + q] * w;
+                mag += fabs((double)X[(size_t)i * ldx + q] * w);
+            }
+            double bc = beta == 0.0f ? 0.0 : (double)beta * c0;
+            double bound = 2.0 * ((K + 2) * 0x1p-24 * fabs(alpha) * mag * 1.01 + 0x1p-23 * fabs(bc)) + 1e-30;
+            double want = alpha * sr + bc;
+            cr_assert(fabs(got - want) <= bound, "amx trans=%d M=%d N=%d K=%d: C[%d,%d] = %.9g, want %.9g (bound %.3g)",
+                      trans, M, N, K, i, j, got, want, bound);
+            double exact = Ce[(size_t)i * ldc + j], tol = 2 * bound + 0x1p-8 * fabs(alpha) * mag * 1.01;
+            cr_assert(fabs(got - exact) <= tol && fabs(exact - (alpha * se + bc)) <= bound,
+                      "amx vs X exact, trans=%d M=%d N=%d K=%d: C[%d,%d] = %.9g vs %.9g", trans, M, N, K, i, j, got, exact);
+        }
+    k->free(X), k->free(Xr), k->free(Wf), k->free(W16), k->free(C0), k->free(C), k->free(Ce), k->free(C1);
+}
+
+Test(cpu_isa, gemm_bf16w_many_rows_amx) {
+    const kernels_t *amx = kernels_cpu_variant("amx"), *ref_k = kernels_cpu_variant("avx512");
+    if (!amx) cr_skip_test("this CPU (or its kernel) cannot run the amx variant");
+    ci_state = 14;
+    static const int Ms[] = {9, 16, 33, 70}, Ns[] = {1, 16, 33, 100}, Ks[] = {1, 31, 33, 100};
+    for (int t = 0; t < 2; t++)
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 4; b++)
+                for (int c = 0; c < 4; c++) {
+                    int v = a + b + c + t;
+                    amx_case(amx, ref_k, t, Ms[a], Ns[b], Ks[c], v % 3 ? 0.7f : 1.0f, v % 2 ? 0.3f : 0.0f);
+                }
+    amx_case(amx, ref_k, true, 512, 300, 520, 1.0f, 0.0f);   // many blocks on the pool
+    amx_case(amx, ref_k, false, 512, 520, 300, 1.0f, 1.0f);
+}
+
 // --- the choice of the variant -------------------------------------------------------------------
 // Made once per process, at the first kernels_cpu(): each Criterion test runs in a process of its
 // own, so .init sets MARLAAS_CPU_ISA before it.
@@ -325,7 +400,7 @@ Test(cpu_isa, bad_override_refused) {
     for (size_t v = 0; v < N_ISAS && !best[0]; v++)
         if (kernels_cpu_variant(isas[v])) snprintf(best, sizeof best, "%s", isas[v]);
     cr_assert_eq(child_choice("avx3", err, sizeof err), 2, "MARLAAS_CPU_ISA=avx3: %s", err);
-    cr_assert(strstr(err, "MARLAAS_CPU_ISA=avx3") && strstr(err, "avx512-bf16, avx512, avx2, scalar") && strstr(err, best),
+    cr_assert(strstr(err, "MARLAAS_CPU_ISA=avx3") && strstr(err, "amx, avx512-bf16, avx512, avx2, scalar") && strstr(err, best),
               "the message names the value, the valid ones and the best (%s): %s", best, err);
     cr_assert_eq(child_choice("scalar", err, sizeof err), 0, "MARLAAS_CPU_ISA=scalar: %s", err);
     for (size_t v = 0; v < N_ISAS; v++)
