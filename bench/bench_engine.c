@@ -50,7 +50,9 @@ static hf_config_t shape(int D, int L, int H, int KV, int F, int V) {
 
 // Tokens/s of prefill steps (B sequences x P tokens in one step) or of decode steps (B
 // sequences, one token each, contexts P .. P+DEC), with n_adapters distinct adapters over the
-// rows. One warm-up round, then rounds until min_seconds have been measured.
+// rows. One warm-up round, then rounds until min_seconds have been measured; the figure is the
+// fastest round's (another tenant of the machine only ever slows a round down, so the fastest
+// is the one least disturbed; GFLOP/s from the same round).
 #define DEC 16
 static double min_seconds = 0.4;
 
@@ -78,7 +80,7 @@ static double run_infer(engine_t *e, const hf_config_t *c, int B, int P, int n_a
     for (int i = 0; i < B; i++)
         q[i] = (engine_seq_t){.tokens = tok + (size_t)i * P, .n_tokens = P, .kv_seq = kvcache_seq_new(kc, err),
                               .slot = n_adapters ? i % n_adapters : -1, .logits = ENGINE_LOGITS_LAST};
-    double measured = 0, ntok = 0, flops = 0;
+    double measured = 0, best = 0, best_flops = 0;
     for (int round = 0; measured < min_seconds; round++) {
         for (int i = 0; i < B; i++) kvcache_seq_truncate(kc, q[i].kv_seq, 0), q[i].n_tokens = P;
         double t0 = util_now();
@@ -91,14 +93,15 @@ static double run_infer(engine_t *e, const hf_config_t *c, int B, int P, int n_a
         double t = util_now() - t0;
         if (round == 0) continue;   // warm-up: buffers grow, pages fault in
         measured += t;
-        ntok += decode ? (double)B * DEC : (double)B * P;
-        flops += decode ? engine_forward_flops(engine_model(e), (double)B * DEC, (double)B * DEC, P + DEC / 2.0)
-                        : engine_forward_flops(engine_model(e), (double)B * P, (double)B, P / 2.0);
+        double ntok = decode ? (double)B * DEC : (double)B * P;
+        double flops = decode ? engine_forward_flops(engine_model(e), (double)B * DEC, (double)B * DEC, P + DEC / 2.0)
+                              : engine_forward_flops(engine_model(e), (double)B * P, (double)B, P / 2.0);
+        if (ntok / t > best) best = ntok / t, best_flops = flops / t;
     }
-    *gflops = flops / measured / 1e9;
+    *gflops = best_flops / 1e9;
     kvcache_destroy(&kc);
     free(tok), free(q), free(logits);
-    return ntok / measured;
+    return best;
 }
 
 // Train-step tokens/s: RL loss forward + backward on B sequences of P tokens (LoRA grads).
@@ -226,10 +229,15 @@ static void bench_model(const char *name, model_t *m, const int *batches, int n_
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi];
         for (int dec = 0; dec <= 1; dec++) {
-            double g1, g32, g128 = 0;
-            double t1 = run_infer(e, c, B, P, 1, dec, &g1);
-            double t32 = run_infer(e, c, B, P, 32, dec, &g32);
-            double t128 = B >= 128 && n_ad >= 128 ? run_infer(e, c, B, P, 128, dec, &g128) : 0;
+            // the adapter counts in turn, twice where their ratio is a target (batch >= 32), each
+            // the faster of its two: a slow spell of the machine then hits both sides alike
+            double g1 = 0, t1 = 0, t32 = 0, t128 = 0;
+            for (int rep = 0; rep < (B >= 32 ? 2 : 1); rep++) {
+                double g, t = run_infer(e, c, B, P, 1, dec, &g);
+                if (t > t1) t1 = t, g1 = g;
+                if ((t = run_infer(e, c, B, P, 32, dec, &g)) > t32) t32 = t;
+                if (B >= 128 && n_ad >= 128 && (t = run_infer(e, c, B, P, 128, dec, &g)) > t128) t128 = t;
+            }
             if (dec && B == 1) fg->dec1 = t1;
             if (!dec) fg->prefill = t1;
             if (B >= 32) {

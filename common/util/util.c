@@ -2,6 +2,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,6 +155,9 @@ int util_threads(void) {
         int n = atoi(s);
         if (n >= 1 && n <= 1024) return n;
     }
+    // the cores this process may run on (taskset, a container's cpuset), else the online ones
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) >= 1) return CPU_COUNT(&set);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n >= 1 ? (int)n : 1;
 }

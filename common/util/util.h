@@ -45,6 +45,7 @@ int util_write_file(const char *path, const void *buf, size_t len, char *err);
 int util_mkdirs(const char *path, char *err);
 
 // Thread count for OpenBLAS and the engine's own loops: MARLAAS_THREADS, else the number of
+// cores the process may run on (its affinity mask: taskset, a container's cpuset), else the
 // online cores. util_threads_init() gives it to the CPU backend's pool (OpenBLAS and OpenMP run
 // one thread: the pool shares their work); call once at start
 // (the engine calls it when a model is created, so tools need not).
