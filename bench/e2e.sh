@@ -20,7 +20,7 @@ source tests/integration/lib.sh
 
 POLICY=$1 N=$2 OUT=$3
 : "${MODEL:=models/micro}" "${STEPS:=60}" "${PROMPTS:=4}" "${GROUP:=8}" "${TEMP:=1.3}" "${LR:=0.003}"
-: "${EVAL_N:=200}" "${MAX_NEW:=0}" "${TENANTS:=4}" "${THREADS:=0}" "${LABEL:=$POLICY}"
+: "${EVAL_N:=200}" "${MAX_NEW:=0}" "${TENANTS:=4}" "${THREADS:=1}" "${LABEL:=$POLICY}"
 read -r -a TASK_LIST <<< "${TASKS:?TASKS must list the tasks}"
 [ "${#TASK_LIST[@]}" -ge "$N" ] || { echo "e2e: $N jobs need $N tasks, TASKS has ${#TASK_LIST[@]}" >&2; exit 2; }
 D="$OUT/$LABEL-n$N"

@@ -18,7 +18,7 @@ R=report.md
 # --- derived data -----------------------------------------------------------------------------
 # time vs N
 awk -F, 'NR > 1 {t[$1 "," $2] = $3; n[$2] = 1}
-    END {for (k in n) printf "%s %s %s %s\n", k, t["sync," k], t["async," k], (("sync-1t," k) in t ? t["sync-1t," k] : "NaN")}' \
+    END {for (k in n) printf "%s %s %s %s\n", k, t["sync," k], t["async," k], (("sync-all," k) in t ? t["sync-all," k] : "NaN")}' \
     e2e.csv | sort -n > time_vs_n.dat
 # utilization timelines of the largest run: busy fraction over a sliding 5-sample window, from
 # the services' own accounting (busy seconds / seconds up)
@@ -53,7 +53,7 @@ set xlabel "concurrent jobs N"; set ylabel "wall time (s)"; set key top left; se
 set logscale x 2; set xtics (1, 4, 8, 16, 32)
 plot "time_vs_n.dat" u 1:2 w lp lw 2 pt 7 t "sync (one job after another)", \
      "" u 1:3 w lp lw 2 pt 5 t "async (all jobs at once)", \
-     "" u 1:4 w p pt 9 ps 1.5 t "sync, 1 thread per service"
+     "" u 1:4 w p pt 9 ps 1.5 t "sync, every core per service"
 unset logscale x; set xtics auto
 do for [p in "sync async"] {
     if (system("test -s util_".p.".dat && echo 1") eq "1") {

@@ -65,18 +65,17 @@ rm -rf "$E2E"
 mkdir -p "$E2E"
 header_done=0
 for N in "${NS[@]}"; do
-    # Both policies with the same threads: every service may use every core (marlaas up's default,
-    # --threads 0; the CPU backend's pool threads sleep when idle, so the stage that has work gets
-    # the cores).
-    runs=("sync 0 sync" "async 0 async")
-    # The one-by-one baseline also with one thread per service (the earlier setting of marlaas up).
-    if [ "$N" = 1 ] || [ "$N" = 8 ]; then runs+=("sync 1 sync-1t"); fi
+    # Both policies with the same threads: one per service (marlaas up's default).
+    runs=("sync 1 sync" "async 1 async")
+    # The one-by-one baseline also with every core for every service (--threads 0): it runs one
+    # stage at a time, so each stage could have both cores (the pool's threads sleep when idle).
+    if [ "$N" = 1 ] || [ "$N" = 8 ]; then runs+=("sync 0 sync-all"); fi
     # A second sync run of the largest N: how far two runs of the same policy differ per job
     # (GRPO samples differ), the yardstick for the async - sync quality differences.
-    if [ "$N" = "${NS[-1]}" ]; then runs+=("sync 0 sync-repeat"); fi
+    if [ "$N" = "${NS[-1]}" ]; then runs+=("sync 1 sync-repeat"); fi
     # The cost of authenticated, encrypted links: the largest N asynchronously with plain links
     # (--insecure) beside the default CURVE run.
-    if [ "$N" = "${NS[-1]}" ]; then runs+=("async 0 async-plain"); fi
+    if [ "$N" = "${NS[-1]}" ]; then runs+=("async 1 async-plain"); fi
     for r in "${runs[@]}"; do
         read -r pol th label <<< "$r"
         log "end to end: $label, $N jobs"

@@ -213,10 +213,13 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     char model_env[4200], policy_env[64], threads_env[64];
     snprintf(model_env, sizeof model_env, "MARLAAS_MODEL=%s", o->model);
     snprintf(policy_env, sizeof policy_env, "MARLAAS_POLICY=%s", o->policy);
-    // Every service may use every core (--threads 0, the default: the cores this process may run
-    // on, or MARLAAS_THREADS): the CPU backend's pool sleeps when idle and shares a core without
-    // waiting on it (kernels/cpu/pool.h), so the trainer takes the cores the rollout leaves and the
-    // other way round, and the OS splits them when both compute.
+    // One compute thread per service by default (--threads 1). --threads 0 lets every service use
+    // every core (the cores this process may run on, or MARLAAS_THREADS). Measured on a 2-core
+    // Xeon, the benchmark's 32 jobs on models/micro (bench/e2e.sh): async 167.1 s with every core
+    // against 165.6 s with one thread, at 266 against 208 CPU-seconds; the one-by-one baseline
+    // 258.6 s against 219.5 s: micro's 64-wide products gain less from a second thread than the
+    // pool's hand-offs cost, and a pool thread the OS preempts in the middle of a chunk holds up
+    // its loop for a time slice.
     snprintf(threads_env, sizeof threads_env, "MARLAAS_THREADS=%d", o->threads > 0 ? (int)o->threads : util_threads());
     char http_env[64], console_env[64] = "MARLAAS_CONSOLE=off";
     char *extra[17] = {env[0], env[1], env[2], env[3], env[4], env[5], env[6], env[7], env[8], env[9],
@@ -279,7 +282,7 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
 
 static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
     *o = (cluster_opts_t){.run = "run", .model = cli_default_model(), .policy = "async", .port_base = 7000, .steps = 100,
-                           .threads = 0};
+                           .threads = 1};
     static struct option lo[] = {{"run-dir", required_argument, 0, 'r'}, {"model", required_argument, 0, 'm'},
                                  {"policy", required_argument, 0, 'p'}, {"port-base", required_argument, 0, 'b'},
                                  {"redis-port", required_argument, 0, 'R'}, {"steps", required_argument, 0, 's'},
@@ -316,8 +319,8 @@ int cmd_up(int argc, char **argv) {
     cluster_opts_t o;
     int rc = parse(argc, argv, &o, "marlaas up [--run-dir run] [--model models/tiny] [--policy async|sync] [--port-base 7000]\n"
                    "           [--insecure]   (plain links between the services: no CURVE keys)\n"
-                   "           [--threads 0]  (compute threads of each service; 0: every core it may run on, shared\n"
-                   "                          with the others: an idle service's threads sleep)");
+                   "           [--threads 1]  (compute threads of each service; 0: every core it may run on, shared\n"
+                   "                          with the others: suits one busy service per node, not small models)");
     if (rc) return rc > 0 ? 0 : 2;
     char admin[65];
     return cluster_up(&o, admin) ? 1 : 0;
