@@ -497,8 +497,9 @@ static void bf16_buf_key_init(void) {
     }
 }
 
-// *buf grown to n floats (64-byte aligned, contents not kept), registered under key.
-static float *scratch_grow(float **buf, size_t *cap, pthread_key_t key, size_t n) {
+// *buf grown to n floats (64-byte aligned, contents not kept), registered under *key (read after
+// the keys are created: they exist only once pthread_once has run).
+static float *scratch_grow(float **buf, size_t *cap, const pthread_key_t *key, size_t n) {
     if (n > *cap) {
         pthread_once(&bf16_buf_once, bf16_buf_key_init);
         free(*buf);
@@ -511,18 +512,18 @@ static float *scratch_grow(float **buf, size_t *cap, pthread_key_t key, size_t n
             abort();
         }
         *cap = n;
-        pthread_setspecific(key, *buf);
+        pthread_setspecific(*key, *buf);
     }
     return *buf;
 }
 
-static float *bf16_scratch(size_t n) { return scratch_grow(&bf16_buf, &bf16_buf_cap, bf16_buf_key, n); }
+static float *bf16_scratch(size_t n) { return scratch_grow(&bf16_buf, &bf16_buf_cap, &bf16_buf_key, n); }
 
 #if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
 // A second buffer of the calling thread: the AMX path's packed W (beside X in bf16_scratch).
 static _Thread_local float *pack_buf;
 static _Thread_local size_t pack_buf_cap;
-static float *pack_scratch(size_t n) { return scratch_grow(&pack_buf, &pack_buf_cap, pack_buf_key, n); }
+static float *pack_scratch(size_t n) { return scratch_grow(&pack_buf, &pack_buf_cap, &pack_buf_key, n); }
 #endif
 
 #if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
@@ -1508,15 +1509,21 @@ typedef struct {
     const kern_lora_seg_t *seg;
 } lora_t;
 
-// The segments of fewer than LORA_GEMM_MIN_ROWS rows, one chunk per segment.
+// The segments of fewer than LORA_GEMM_MIN_ROWS rows, one chunk per segment (decode steps of
+// many jobs: a segment per adapter). Shrink: the segment's rows against A (rank, in) through the
+// few-rows GEMV kernels, which read each row of A once for all of the segment's rows. Expand:
+// each run of EXPAND_COLS columns of B (rank x EXPAND_COLS floats, from L1) is applied to every
+// row of the segment before the next run is read, so B too is read once per segment; each output
+// element is still y + c_0 b_0 + c_1 b_1 + ... in that order, the arithmetic of one row alone.
+#define EXPAND_COLS 64
+
 static void shrink_chunk(void *c_, size_t lo, size_t hi) {
     const lora_t *c = c_;
     for (size_t s = lo; s < hi; s++) {
         const kern_lora_seg_t *g = &c->seg[s];
         if (g->n_rows >= LORA_GEMM_MIN_ROWS) continue;
-        for (int r = g->row0; r < g->row0 + g->n_rows; r++)
-            for (int j = 0; j < g->rank; j++)
-                c->T[(size_t)r * c->ldt + j] = dot(c->X + (size_t)r * c->in, g->A + (size_t)j * c->in, c->in);
+        gemv_f32(g->n_rows, g->rank, c->in, 1.0f, c->X + (size_t)g->row0 * c->in, c->in, g->A, c->in, 0.0f,
+                 c->T + (size_t)g->row0 * c->ldt, c->ldt);
     }
 }
 
@@ -1526,14 +1533,17 @@ static void expand_chunk(void *c_, size_t lo, size_t hi) {
     for (size_t s = lo; s < hi; s++) {
         const kern_lora_seg_t *g = &c->seg[s];
         if (g->n_rows >= LORA_GEMM_MIN_ROWS) continue;
-        for (int r = g->row0; r < g->row0 + g->n_rows; r++) {
-            const float *tr = c->Tc + (size_t)r * c->ldt;
-            float *restrict y = c->Y + (size_t)r * out;
-            for (int j = 0; j < g->rank; j++) {
-                const float *restrict b = g->B + (size_t)j * out;
-                float cj = g->scale * tr[j];
+        for (int o0 = 0; o0 < out; o0 += EXPAND_COLS) {
+            int o1 = out - o0 < EXPAND_COLS ? out : o0 + EXPAND_COLS;
+            for (int r = g->row0; r < g->row0 + g->n_rows; r++) {
+                const float *tr = c->Tc + (size_t)r * c->ldt;
+                float *restrict y = c->Y + (size_t)r * out;
+                for (int j = 0; j < g->rank; j++) {
+                    const float *restrict b = g->B + (size_t)j * out;
+                    float cj = g->scale * tr[j];
 #pragma omp simd
-                for (int o = 0; o < out; o++) y[o] += cj * b[o];
+                    for (int o = o0; o < o1; o++) y[o] += cj * b[o];
+                }
             }
         }
     }
