@@ -453,14 +453,16 @@ int cmd_watch(int argc, char **argv) {
 
 // --- adapter pull / generate ---------------------------------------------------------------------
 
-// Fetches a job's adapter (latest or version) and writes it in PEFT layout to dir.
-// The adapter_config.json names base_model (NULL: the base the scheduler names, i.e. config.json's
-// _name_or_path or the scheduler's model folder).
+// Fetches a job's adapter (latest, version >= 0, or PULL_BEST: the best evaluated one) and writes
+// it in PEFT layout to dir. The adapter_config.json names base_model (NULL: the base the scheduler
+// names, i.e. config.json's _name_or_path or the scheduler's model folder).
+#define PULL_BEST (-2)
 static int pull(client_t *c, const char *job, long version, const char *dir, const char *base_model, bool verbose,
                 char *err) {
     proto_args_t a = {0};
     proto_args_str(&a, "job", job);
     if (version >= 0) proto_args_int(&a, "version", version);
+    if (version == PULL_BEST) proto_args_int(&a, "best", 1);
     proto_rep_t rep;
     if (client_call(c, "adapter_get", &a, &rep, err)) return -1;
     const proto_val_t *blob = proto_args_get(&rep.result, "blob");
@@ -483,7 +485,9 @@ static int pull(client_t *c, const char *job, long version, const char *dir, con
     }
     int64_t v = 0;
     proto_args_get_int(&rep.result, "version", &v);
-    if (rc == 0 && verbose) fprintf(stderr, "adapter of %s, version %lld, written to %s (PEFT layout)\n", job, (long long)v, dir);
+    if (rc == 0 && verbose)
+        fprintf(stderr, "adapter of %s, version %lld%s, written to %s (PEFT layout)\n", job, (long long)v,
+                version == PULL_BEST ? " (the best evaluated)" : "", dir);
 done:
     proto_rep_free(&rep);
     return rc;
@@ -493,9 +497,11 @@ int cmd_adapter(int argc, char **argv) {
     conn_t cn = {0};
     const char *out = NULL, *base = NULL;
     long version = -1;
+    bool best = false;
     static struct option lo[] = {{"api", required_argument, 0, 'a'}, {"token", required_argument, 0, 't'},
                                  {"out", required_argument, 0, 'o'}, {"version", required_argument, 0, 'v'},
-                                 {"base-model", required_argument, 0, 'b'}, {"help", no_argument, 0, 'h'}, {0}};
+                                 {"base-model", required_argument, 0, 'b'}, {"best", no_argument, 0, 'B'},
+                                 {"help", no_argument, 0, 'h'}, {0}};
     int o;
     optind = 1;
     while ((o = getopt_long(argc, argv, "o:", lo, NULL)) != -1) {
@@ -503,20 +509,25 @@ int cmd_adapter(int argc, char **argv) {
         else if (o == 't') cn.token = optarg;
         else if (o == 'o') out = optarg;
         else if (o == 'b') base = optarg;
+        else if (o == 'B') best = true;
         else if (o == 'v') {
             if (cli_int("--version", optarg, 0, 100000000, &version)) return 2;
         } else {
-            printf("usage: marlaas adapter pull JOB -o DIR [--version V] [--base-model NAME]\n"
+            printf("usage: marlaas adapter pull JOB -o DIR [--version V | --best] [--base-model NAME]\n"
                    "Writes the job's adapter in PEFT layout (adapter_config.json, adapter_model.safetensors).\n"
+                   "  --version V        that version (the trainer keeps the latest few)\n"
+                   "  --best             the best evaluated version (highest eval accuracy so far; `marlaas status`\n"
+                   "                     shows it as best_version, best_step, best_acc [best_lo, best_hi])\n"
                    "  --base-model NAME  base_model_name_or_path in adapter_config.json (default: the base model's\n"
                    "                     _name_or_path from its config.json, else the scheduler's model folder)\n");
             return o == 'h' ? 0 : 2;
         }
     }
-    if (argc - optind != 2 || strcmp(argv[optind], "pull") || !out) {
-        fprintf(stderr, "usage: marlaas adapter pull JOB -o DIR [--version V]\n");
+    if (argc - optind != 2 || strcmp(argv[optind], "pull") || !out || (best && version >= 0)) {
+        fprintf(stderr, "usage: marlaas adapter pull JOB -o DIR [--version V | --best]\n");
         return 2;
     }
+    if (best) version = PULL_BEST;
     client_t *c = connect_api(cn.api, cn.token, false);
     if (!c) return 1;
     char err[ERR_LEN] = "";

@@ -506,6 +506,13 @@ int store_exists(store_t *s, const char *key, char *err) {
     return n > 0 ? 0 : 1;
 }
 
+int store_copy(store_t *s, const char *src, const char *dst, char *err) {
+    const char *argv[] = {"COPY", src, dst, "REPLACE"};
+    int64_t n;
+    if (store_int_cmd(s, 4, argv, NULL, &n, err) != 0) return -1;
+    return n > 0 ? 0 : 1;
+}
+
 int store_incr(store_t *s, const char *key, int64_t *out, char *err) {
     const char *argv[] = {"INCR", key};
     return store_int_cmd(s, 2, argv, NULL, out, err);

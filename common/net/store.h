@@ -163,6 +163,11 @@ int store_del(store_t *s, const char *key, char *err);
 // EXISTS key. 0 when it exists, 1 when it does not, -1 + err.
 int store_exists(store_t *s, const char *key, char *err);
 
+// COPY src dst REPLACE: dst becomes a copy of src, on the server (Redis >= 6.2; the value never
+// crosses the connection), idempotent (a resend after a lost reply copies the same value again).
+// 0 when copied, 1 when src does not exist (dst untouched), -1 + err.
+int store_copy(store_t *s, const char *src, const char *dst, char *err);
+
 // INCR key (a missing key counts as 0). 0 with *out (may be NULL) the new value, -1 + err
 // (e.g. when the value is not an integer).
 int store_incr(store_t *s, const char *key, int64_t *out, char *err);

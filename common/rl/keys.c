@@ -18,6 +18,11 @@ const char *key_job_seq(const store_t *st, char *buf, size_t n) { return store_k
 const char *key_adapter(const store_t *st, char *buf, size_t n, const char *job, uint32_t version) {
     return store_key(st, buf, n, "adapter:%s:%u", job, version);
 }
+// A copy of one version kept apart from the numbered ones the trainer rotates: "eval" (the version
+// an eval round runs on, copied when it starts) and "best" (the best evaluated one).
+const char *key_adapter_pin(const store_t *st, char *buf, size_t n, const char *job, const char *which) {
+    return store_key(st, buf, n, "adapter:%s:%s", job, which);
+}
 const char *key_optim(const store_t *st, char *buf, size_t n, const char *job) {
     return store_key(st, buf, n, "optim:%s", job);
 }

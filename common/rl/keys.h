@@ -48,6 +48,13 @@
 #define JOB_EVAL_HI "eval_hi"
 #define JOB_EVAL_N "eval_n"
 #define JOB_EVAL_ACC0 "eval_acc0"
+// The best evaluated adapter version (its copy: key_adapter_pin "best"): version, the step it was
+// evaluated at, accuracy and its 95 % interval. Absent until an eval's version could be kept.
+#define JOB_BEST_VERSION "best_version"
+#define JOB_BEST_STEP "best_step"
+#define JOB_BEST_ACC "best_acc"
+#define JOB_BEST_LO "best_lo"
+#define JOB_BEST_HI "best_hi"
 #define JOB_SAMPLES_KEPT 8            // job:{id}:samples: the latest scored samples kept
 #define JOB_SAMPLE_MAX_BYTES 1024     // a kept sample's completion text, cut at a character boundary
 #define JOB_DATA_BYTES "data_bytes"   // bytes of the uploaded dataset (absent: none)
@@ -76,6 +83,7 @@ const char *key_jobs(const store_t *st, char *buf, size_t n);
 const char *key_tenant_jobs(const store_t *st, char *buf, size_t n, const char *tenant);
 const char *key_job_seq(const store_t *st, char *buf, size_t n);
 const char *key_adapter(const store_t *st, char *buf, size_t n, const char *job, uint32_t version);
+const char *key_adapter_pin(const store_t *st, char *buf, size_t n, const char *job, const char *which);
 const char *key_optim(const store_t *st, char *buf, size_t n, const char *job);
 const char *key_metrics(const store_t *st, char *buf, size_t n, const char *job);
 const char *key_tenant(const store_t *st, char *buf, size_t n, const char *tenant);

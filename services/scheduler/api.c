@@ -616,20 +616,34 @@ static int op_adapter_get(api_t *a, const char *tenant, bool admin, const proto_
     store_kv_t *kv = NULL;
     int n = 0;
     if (job_get(a, job, tenant, admin, &kv, &n, err)) return -1;
-    const char *cur = kv_get(kv, n, JOB_VERSION);
-    int64_t ver = cur ? atoll(cur) : 0;
+    const char *cur = kv_get(kv, n, JOB_VERSION), *best_v = kv_get(kv, n, JOB_BEST_VERSION);
+    int64_t ver = cur ? atoll(cur) : 0, best = 0;
+    bool has_best_v = best_v != NULL;
+    if (best_v) best = atoll(best_v);
     store_kv_free(&kv, n);
+    bool want_best = proto_args_get(&q->args, "best") != NULL;
+    int64_t flag = 0;
+    if (want_best && (!proto_args_get_int(&q->args, "best", &flag) || flag != 1 || proto_args_get(&q->args, "version")))
+        return err_set(err, "adapter_get: best must be 1, without a version");
     if (proto_args_get(&q->args, "version") &&
         (!proto_args_get_int(&q->args, "version", &ver) || ver < 0 || ver > UINT32_MAX))
         return err_set(err, "adapter_get: version must be an integer from 0 to %u", UINT32_MAX);
     char key[256];
     uint8_t *blob = NULL;
     size_t len = 0;
-    key_adapter(a->st, key, sizeof key, job, (uint32_t)ver);
+    if (want_best) {
+        if (!has_best_v) return err_set(err, "%s has no evaluated version kept yet (the first eval keeps one)", job);
+        ver = best;
+        key_adapter_pin(a->st, key, sizeof key, job, "best");
+    } else {
+        key_adapter(a->st, key, sizeof key, job, (uint32_t)ver);
+    }
     int rc = store_get(a->st, key, &blob, &len, err);
+    if (rc == 1 && want_best) return err_set(err, "the best version of %s is missing from the store", job);
     if (rc == 1) return err_set(err, "adapter version %lld of %s is not kept (only the latest few are)", (long long)ver, job);
     if (rc < 0) return -1;
     proto_args_int(res, "version", ver);
+    if (want_best) proto_args_int(res, "best", 1);
     proto_args_bin(res, "blob", blob, len);
     proto_args_bin(res, "model_config", a->model_json, strlen(a->model_json));
     proto_args_str(res, "base_model", a->base_model);

@@ -381,9 +381,12 @@ static enum MHD_Result h_job(console_t *c, struct MHD_Connection *con, const ses
 static enum MHD_Result h_adapter(console_t *c, struct MHD_Connection *con, const session_t *s) {
     const char *job = MHD_lookup_connection_value(con, MHD_GET_ARGUMENT_KIND, "id");
     const char *ver = MHD_lookup_connection_value(con, MHD_GET_ARGUMENT_KIND, "version");
+    const char *best = MHD_lookup_connection_value(con, MHD_GET_ARGUMENT_KIND, "best");
     if (!job) return send_error(con, 400, "id required");
+    if (best && (strcmp(best, "1") != 0 || ver)) return send_error(con, 400, "best must be 1, without a version");
     proto_args_t a = {0};
     proto_args_str(&a, "job", job);
+    if (best) proto_args_int(&a, "best", 1);
     if (ver) {
         char *end;
         long long v = strtoll(ver, &end, 10);
@@ -415,7 +418,7 @@ static enum MHD_Result h_adapter(console_t *c, struct MHD_Connection *con, const
         logj_error(job, "console: the adapter version %lld could not be packed: %s", (long long)v, e2);
         return send_error(con, 500, "the stored adapter could not be packed; see the scheduler's log");
     }
-    snprintf(disp, sizeof disp, "attachment; filename=\"%s-peft.tar\"", dir);
+    snprintf(disp, sizeof disp, "attachment; filename=\"%s%s-peft.tar\"", dir, best ? "-best" : "");
     return send_buf(con, 200, tar, len, MHD_RESPMEM_MUST_FREE, "application/x-tar", NULL, disp);
 }
 

@@ -51,6 +51,8 @@ typedef struct {
     uint64_t eval_correct, eval_n;
     uint32_t last_eval_step;
     bool evaluated_final;
+    bool eval_pinned;      // the round's version is copied to adapter:{j}:eval (key_adapter_pin)
+    bool has_best;         // adapter:{j}:best holds the best evaluated version (of accuracy best_acc)
     double best_acc, last_acc;
     bool sync_waiting;     // sync policy: a step's worth issued, waiting for the trainer
     dataset_t *ds;         // an uploaded dataset, parsed once from Redis on first use
@@ -240,6 +242,7 @@ static sjob_t *load_job(sched_t *s, const char *id, char *err) {
         else if (!strcmp(f, JOB_ISSUED)) j->next_index = strtoull(v, NULL, 10);
         else if (!strcmp(f, JOB_EVAL_STEP)) j->last_eval_step = (uint32_t)strtoul(v, NULL, 10), j->evaluated_final = false;
         else if (!strcmp(f, JOB_TENANT)) j->tenant = tenant_index(s, v);
+        else if (!strcmp(f, JOB_BEST_ACC)) j->best_acc = strtod(v, NULL), j->has_best = true;
     }
     store_kv_free(&kv, n);
     if (!have_spec) {
@@ -425,6 +428,16 @@ static void start_eval(sched_t *s, sjob_t *j) {
     j->eval_round = ++s->next_round;
     j->eval_step = j->step;
     j->eval_version = j->version;
+    // the version under evaluation, copied on the server where the trainer's rotation of the
+    // numbered versions cannot reach it: it becomes the job's best if the round says so
+    char src[256], dst[256], err[ERR_LEN];
+    key_adapter(s->st, src, sizeof src, j->id, j->eval_version);
+    key_adapter_pin(s->st, dst, sizeof dst, j->id, "eval");
+    int rc = store_copy(s->st, src, dst, err);
+    j->eval_pinned = rc == 0;
+    if (rc)
+        logj_warn(j->id, "eval of version %u: its adapter could not be kept aside (%s); this round cannot become the "
+                  "best version", j->eval_version, rc > 0 ? "the trainer no longer keeps it" : err);
     j->eval_pending = 0;
     j->eval_correct = j->eval_n = 0;
     j->eval_next = 0;
@@ -443,6 +456,34 @@ static int send_evals(sched_t *s, sjob_t *j) {
         j->eval_pending++;
     }
     return 0;
+}
+
+// The round's version becomes the job's best evaluated one when it is the first kept or its
+// accuracy is higher than the best's (ties keep the earlier version, which trained less): its
+// copy moves to adapter:{j}:best (COPY, repeatable) and the job hash says which version it is.
+static void keep_best(sched_t *s, sjob_t *j, double acc, double lo, double hi) {
+    if (!j->eval_pinned || (j->has_best && !(acc > j->best_acc))) return;
+    char src[256], dst[256], err[ERR_LEN];
+    key_adapter_pin(s->st, src, sizeof src, j->id, "eval");
+    key_adapter_pin(s->st, dst, sizeof dst, j->id, "best");
+    int rc = store_copy(s->st, src, dst, err);
+    if (rc) {
+        logj_warn(j->id, "best version %u not kept: %s", j->eval_version, rc > 0 ? "its copy is gone" : err);
+        return;
+    }
+    char v[5][32];
+    snprintf(v[0], 32, "%u", j->eval_version);
+    snprintf(v[1], 32, "%u", j->eval_step);
+    snprintf(v[2], 32, "%.4f", acc);
+    snprintf(v[3], 32, "%.4f", lo);
+    snprintf(v[4], 32, "%.4f", hi);
+    const char *f[5] = {JOB_BEST_VERSION, JOB_BEST_STEP, JOB_BEST_ACC, JOB_BEST_LO, JOB_BEST_HI};
+    const char *vv[5] = {v[0], v[1], v[2], v[3], v[4]};
+    hset(s, j->id, 5, f, vv);
+    j->has_best = true;
+    j->best_acc = acc;
+    logj_info(j->id, "best evaluated version so far: %u (step %u, accuracy %.3f [%.3f, %.3f])", j->eval_version,
+              j->eval_step, acc, lo, hi);
 }
 
 static void eval_done(sched_t *s, sjob_t *j) {
@@ -470,7 +511,7 @@ static void eval_done(sched_t *s, sjob_t *j) {
     j->last_acc = acc;
     metrics_set(s->met, s->m_job_acc, j->id, acc);
     publish(s, j, "eval", acc);
-    if (acc > j->best_acc) j->best_acc = acc;
+    keep_best(s, j, acc, lo, hi);
     if (j->spec.target_accuracy > 0 && acc >= j->spec.target_accuracy && j->state == JS_RUNNING) {
         drop_tasks(s, j->id);
         set_state(s, j, JS_DONE, NULL);

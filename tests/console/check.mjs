@@ -100,6 +100,8 @@ try {
   check('the reward curve has its spread band (mean +- std)', (await page.$('[data-chart="reward"] polygon')) !== null);
   const spec = await page.$eval('#job-spec', (p) => p.textContent);
   check('the spec is shown', spec.includes('"task"'), spec.slice(0, 80));
+  const best = await page.$$eval('#job-best a', (as) => as.map((a) => a.getAttribute('href')));
+  check('the best evaluated version with its download link', best.length === 1 && best[0].endsWith('&best=1'), best.join(','));
   const adapters = await page.$$eval('#job-adapters a', (as) => as.map((a) => a.getAttribute('href')));
   check('adapter versions with download links', adapters.length > 0 && adapters.every((h) => h.startsWith('/api/adapter?id=')),
         adapters.join(','));

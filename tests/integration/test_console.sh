@@ -81,6 +81,9 @@ check "A: B's job answered like an unknown job" \
 check "A: B's metrics (the polled stream) 404" [ "$(code -b "$tmp/a" "$U/api/metrics?id=$JB")" = 404 ]
 check "A: B's adapter download 404" [ "$(code -b "$tmp/a" "$U/api/adapter?id=$JB")" = 404 ]
 check "A: B's adapter download by version 404" [ "$(code -b "$tmp/a" "$U/api/adapter?id=$JB&version=0")" = 404 ]
+check "A: B's best adapter download 404" [ "$(code -b "$tmp/a" "$U/api/adapter?id=$JB&best=1")" = 404 ]
+check "best=2 refused: 400" [ "$(code -b "$tmp/a" "$U/api/adapter?id=$JLIVE&best=2")" = 400 ]
+check "best with a version refused: 400" [ "$(code -b "$tmp/a" "$U/api/adapter?id=$JLIVE&best=1&version=0")" = 400 ]
 check "no session: a job's metrics 401" [ "$(code "$U/api/metrics?id=$JLIVE")" = 401 ]
 check "no session: an adapter 401" [ "$(code "$U/api/adapter?id=$JLIVE")" = 401 ]
 check "forged cookie: 401" [ "$(code -b "marlaas_session=$(printf '0%.0s' $(seq 64))" "$U/api/jobs")" = 401 ]
@@ -102,6 +105,10 @@ check "after the refused cancels $JCAN is still running ($st)" [ "$st" = running
 check "B's job was not cancelled" [ "$(status_of "$TB" "$JB")" = running ]
 check "cancel with the session's CSRF token: 200" [ "$(cancel "$tmp/a" "$CA" "$JCAN")" = 200 ]
 check "and the job is cancelled" [ "$(status_of "$TA" "$JCAN")" = cancelled ]
+# the best evaluated version (the first eval keeps one; j-1 evaluates at step 0)
+wait_for 60 sh -c "'$M' status --token '$TA' '$JLIVE' | grep -q best_version"
+check "A: own best adapter downloads (JOB-vV-best-peft.tar)" \
+    sh -c "curl -s -b '$tmp/a' -D '$tmp/bd' -o '$tmp/best.tar' '$U/api/adapter?id=$JLIVE&best=1' && grep -qi 'filename=\"$JLIVE-v[0-9]*-best-peft.tar\"' '$tmp/bd' && tar -tf '$tmp/best.tar' | grep -q adapter_config.json"
 # the download of a job that no longer trains (its versions stay): a PEFT adapter in a tar, the
 # same two files `marlaas adapter pull` writes, byte for byte
 curl -s -b "$tmp/a" -D "$tmp/cd" -o "$tmp/can.tar" "$U/api/adapter?id=$JCAN"

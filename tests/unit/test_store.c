@@ -284,6 +284,25 @@ Test(store, binary_round_trip) {
     cr_assert_eq(store_exists(st, k1, err), 1, "%s", err);
 }
 
+// COPY on the server: the copy equals the source, replaces what the destination held, repeats
+// harmlessly, and a missing source leaves the destination as it was.
+Test(store, copy) {
+    char err[ERR_LEN] = "", src[64], dst[64], none[64];
+    KEY(src, "copy-src");
+    KEY(dst, "copy-dst");
+    KEY(none, "copy-none");
+    const uint8_t a[] = {1, 0, 2, 0xff}, b[] = {'o', 'l', 'd'};
+    cr_assert_eq(store_set(st, src, a, sizeof a, err), 0, "%s", err);
+    cr_assert_eq(store_set(st, dst, b, sizeof b, err), 0, "%s", err);
+    cr_assert_eq(store_copy(st, src, dst, err), 0, "%s", err);
+    expect_value(dst, a, sizeof a);
+    cr_assert_eq(store_copy(st, src, dst, err), 0, "%s", err);   // again: the same
+    expect_value(dst, a, sizeof a);
+    expect_value(src, a, sizeof a);
+    cr_assert_eq(store_copy(st, none, dst, err), 1, "%s", err);
+    expect_value(dst, a, sizeof a);
+}
+
 Test(store, missing_things) {
     char err[ERR_LEN] = "", k[64];
     KEY(k, "nothing");

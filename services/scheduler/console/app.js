@@ -270,6 +270,14 @@ async function renderJob(id) {
   charts.appendChild(chart('Tokens / s', 'tokens_per_s', [{name: 'tokens_per_s', points: tokensPerS(m)}]));
   const ul = $('job-adapters');
   clear(ul);
+  if (j.best_version !== undefined) {
+    const li = el('li', {id: 'job-best'});
+    li.appendChild(el('a', {href: '/api/adapter?id=' + encodeURIComponent(id) + '&best=1', download: ''},
+                        'best evaluated: version ' + j.best_version));
+    li.appendChild(document.createTextNode(` (eval accuracy ${pct(j.best_acc)} [${pct(j.best_lo)}, ${pct(j.best_hi)}]` +
+                                           ` at step ${j.best_step})`));
+    ul.appendChild(li);
+  }
   for (const v of d.adapters || []) {
     const li = el('li');
     const a = el('a', {href: '/api/adapter?id=' + encodeURIComponent(id) + '&version=' + v, download: ''},
