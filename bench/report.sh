@@ -196,6 +196,10 @@ echo "Second sync run - sync (the same policy twice): mean $(pts "$RMEAN"), wors
 echo "A $(meta eval_n)-prompt eval has a 95 % interval of about ±5 points at 50 % accuracy, and two GRPO runs of one"
 echo "task differ (other samples are drawn); the second sync run measures how far on this machine and model."
 echo
+if [ -f quality.md ]; then
+    sed 's/^## /## 2b. /' quality.md
+    echo
+fi
 echo "## 3. Rollout (models/tiny, one thread as in the service)"
 echo
 echo "Generated tokens/s of the continuous-batching generator (prefill included), 32 new tokens per sequence:"

@@ -91,6 +91,12 @@ for N in "${NS[@]}"; do
     done
 done
 
+# --- 2b. quality over seeds (full run only): 8 tasks x 3 seeds per policy, paired --------------
+if [ $QUICK = 0 ]; then
+    log "quality over seeds (bench/quality.sh: 8 tasks, 3 seeds, sync and async)"
+    bash bench/quality.sh "$OUT" > "$OUT/quality.log" 2>&1 || log "quality: a run failed (see $OUT/quality.log)"
+fi
+
 # --- 3. rollout: throughput and memory --------------------------------------------------------
 Q=()
 [ $QUICK = 1 ] && Q=(--quick)

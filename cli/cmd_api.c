@@ -117,7 +117,7 @@ int cmd_submit(int argc, char **argv) {
         {"reward-endpoint", required_argument, 0, 'R'}, {"max-new", required_argument, 0, 'x'},
         {"max-turns", required_argument, 0, 'M'}, {"env-endpoint", required_argument, 0, 'V'},
         {"chat", no_argument, 0, 'c'},            {"system", required_argument, 0, 'y'},
-        {"help", no_argument, 0, 'h'},            {0}};
+        {"seed", required_argument, 0, 'e'},      {"help", no_argument, 0, 'h'},            {0}};
     int o, bad = 0;
     optind = 1;
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -142,11 +142,12 @@ int cmd_submit(int argc, char **argv) {
         }
         case 'R': cJSON_AddItemToObject(spec, "reward", cJSON_CreateObject());
                   cJSON_AddStringToObject(cJSON_GetObjectItem(spec, "reward"), "endpoint", optarg); break;
-        case 'S': case 'g': case 'p': case 'l': case 'r': case 'A': case 'E': case 'N': case 'k': case 'z': case 'w': case 'x': {
+        case 'S': case 'g': case 'p': case 'l': case 'r': case 'A': case 'E': case 'N': case 'k': case 'z': case 'w': case 'x':
+        case 'e': {
             static const char *keys[128] = {['S'] = "max_steps", ['g'] = "group", ['p'] = "prompts", ['l'] = "lr",
                                             ['r'] = "rank", ['A'] = "target_accuracy", ['E'] = "eval_every",
                                             ['N'] = "eval_n", ['k'] = "temperature", ['z'] = "staleness",
-                                            ['w'] = "weight", ['x'] = "max_new"};
+                                            ['w'] = "weight", ['x'] = "max_new", ['e'] = "seed"};
             if (cli_float(keys[o], optarg, -1e12, 1e12, &d)) bad = 1;
             else cJSON_AddNumberToObject(spec, keys[o], d);
             break;
@@ -157,7 +158,7 @@ int cmd_submit(int argc, char **argv) {
                    "                       | --spec FILE.json)\n"
                    "                      [--name NAME] [--steps N] [--group G] [--prompts B] [--lr LR] [--rank R]\n"
                    "                      [--temperature T] [--staleness ETA] [--weight W] [--eval-every K] [--eval-n N]\n"
-                   "                      [--target-accuracy A] [--max-new T] [--reward-endpoint tcp://...]\n"
+                   "                      [--target-accuracy A] [--max-new T] [--seed S] [--reward-endpoint tcp://...]\n"
                    "                      [--max-turns N] [--env-endpoint tcp://...] [--chat [--system TEXT]]\n"
                    "Submits a job and prints its id. Flags override the fields of --spec; the job spec reference\n"
                    "is in the README. A dataset (one {\"prompt\": ..., \"answer\": ...} or {\"messages\": [...],\n"
