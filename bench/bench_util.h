@@ -14,7 +14,7 @@
 #include "common/util/util.h"
 #include "kernels/kernels.h"
 
-// "machine: CPU, cores, MARLAAS_THREADS, time" on stdout.
+// "machine: CPU, cores, MARLAAS_THREADS, CPU kernel variant, OpenBLAS kernels, time" on stdout.
 static inline void bench_machine(void) {
     char model[256] = "unknown";
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -32,8 +32,8 @@ static inline void bench_machine(void) {
     time_t t = time(NULL);
     char ts[64];
     strftime(ts, sizeof ts, "%Y-%m-%d %H:%M UTC", gmtime(&t));
-    printf("machine: %s, %ld cores online, MARLAAS_THREADS=%d, OpenBLAS kernels %s, %s\n", model,
-           sysconf(_SC_NPROCESSORS_ONLN), util_threads(), kernels_cpu_blas_core(), ts);
+    printf("machine: %s, %ld cores online, MARLAAS_THREADS=%d, CPU kernels %s, OpenBLAS kernels %s, %s\n", model,
+           sysconf(_SC_NPROCESSORS_ONLN), util_threads(), kernels_cpu_isa(), kernels_cpu_blas_core(), ts);
 }
 
 extern void openblas_set_num_threads(int n);
