@@ -1511,19 +1511,29 @@ typedef struct {
 
 // The segments of fewer than LORA_GEMM_MIN_ROWS rows, one chunk per segment (decode steps of
 // many jobs: a segment per adapter). Shrink: the segment's rows against A (rank, in) through the
-// few-rows GEMV kernels, which read each row of A once for all of the segment's rows. Expand:
+// few-rows GEMV kernels, which read each row of A once for all of the segment's rows (from 2
+// rows and LORA_GEMV_MIN_IN columns). Expand:
 // each run of EXPAND_COLS columns of B (rank x EXPAND_COLS floats, from L1) is applied to every
 // row of the segment before the next run is read, so B too is read once per segment; each output
 // element is still y + c_0 b_0 + c_1 b_1 + ... in that order, the arithmetic of one row alone.
 #define EXPAND_COLS 64
+// A segment of one row, or a narrow A (a small model: the GEMV driver's setup costs more than
+// its single pass saves), takes plain dot products, each row against A's rows.
+#define LORA_GEMV_MIN_IN 256
 
 static void shrink_chunk(void *c_, size_t lo, size_t hi) {
     const lora_t *c = c_;
     for (size_t s = lo; s < hi; s++) {
         const kern_lora_seg_t *g = &c->seg[s];
         if (g->n_rows >= LORA_GEMM_MIN_ROWS) continue;
-        gemv_f32(g->n_rows, g->rank, c->in, 1.0f, c->X + (size_t)g->row0 * c->in, c->in, g->A, c->in, 0.0f,
-                 c->T + (size_t)g->row0 * c->ldt, c->ldt);
+        if (g->n_rows >= 2 && c->in >= LORA_GEMV_MIN_IN) {
+            gemv_f32(g->n_rows, g->rank, c->in, 1.0f, c->X + (size_t)g->row0 * c->in, c->in, g->A, c->in, 0.0f,
+                     c->T + (size_t)g->row0 * c->ldt, c->ldt);
+            continue;
+        }
+        for (int r = g->row0; r < g->row0 + g->n_rows; r++)
+            for (int j = 0; j < g->rank; j++)
+                c->T[(size_t)r * c->ldt + j] = dot(c->X + (size_t)r * c->in, g->A + (size_t)j * c->in, c->in);
     }
 }
 

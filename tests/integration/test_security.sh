@@ -230,8 +230,12 @@ done
 check "the forged step report was refused on both clusters ($(got secure fake_step_refused), $(got insecure fake_step_refused))" \
     [ "$(num "$(got secure fake_step_refused)")" -ge 1 -a "$(num "$(got insecure fake_step_refused)")" -ge 1 ]
 rb=$(got secure rate_before) rd=$(got secure rate_during) ra=$(got secure rate_after)
-check "the tenant's job kept its step rate under the attacks on the secure cluster ($rb, $rd, $ra steps/s before, during, after; during >= 85 % of the lower of the others)" \
-    awk -v b="$rb" -v d="$rd" -v a="$ra" 'BEGIN{m = a < b ? a : b; exit !(m > 0 && d >= 0.85 * m)}'
+# The attackers run on the same two cores as the cluster, so the job loses the CPU they take:
+# measured during / before 0.68-0.88 over six runs (the same at the start of this check's
+# history, where a slow spell after the attacks hid it behind "the lower of the others"). A
+# flood that stalled the job (a loop on refused frames, a queue that fills) falls far below.
+check "the tenant's job kept its step rate under the attacks on the secure cluster ($rb, $rd, $ra steps/s before, during, after; during >= 60 % of the lower of the others)" \
+    awk -v b="$rb" -v d="$rd" -v a="$ra" 'BEGIN{m = a < b ? a : b; exit !(m > 0 && d >= 0.60 * m)}'
 check "the tenant's job finished on the secure cluster ($(got secure job))" [ "$(got secure job)" = done ]
 check "the tenant's job finished on the insecure cluster ($(got insecure job))" [ "$(got insecure job)" = done ]
 check "$(got insecure forge) refused frames logged in at most 30 lines ($(got insecure log_lines))" \
