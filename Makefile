@@ -121,9 +121,9 @@ endif
 CPU_VARIANT_OBJ := $(CPU_ISAS:%=$(BUILD)/obj/kernels/cpu/cpu-%.o)
 
 # --- sources -----------------------------------------------------------------------------
-LIB_SRC   := $(wildcard common/util/*.c common/formats/*.c common/engine/*.c common/tasks/*.c common/rl/*.c common/net/*.c common/svc/*.c) \
+LIB_SRC   := $(wildcard common/util/*.c common/formats/*.c common/engine/*.c common/tasks/*.c common/rl/*.c common/net/*.c common/svc/*.c common/sim/*.c) \
              $(wildcard kernels/*.c) $(filter-out kernels/cpu/cpu.c,$(wildcard kernels/cpu/*.c))
-LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CPU_VARIANT_OBJ)
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CPU_VARIANT_OBJ) $(BUILD)/obj/gen/sim_params.o
 LIB       := $(BUILD)/lib/libmarlaas.a
 UNIT_SRC  := $(wildcard tests/unit/*.c)
 UNIT_OBJ  := $(UNIT_SRC:%.c=$(BUILD)/obj/%.o)
@@ -199,6 +199,16 @@ $(BUILD)/obj/gen/console_assets.o: $(BUILD)/gen/console_assets.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 $(BUILD)/bin/marlaas-scheduler: $(BUILD)/obj/gen/console_assets.o
+
+# The simulated backend's parameters (common/sim/params.json) compiled into the library.
+$(BUILD)/gen/sim_params.c: common/sim/params.json
+	@mkdir -p $(dir $@)
+	{ echo '// Generated from common/sim/params.json; do not edit.'; echo '#include <stddef.h>'; \
+	  echo 'const unsigned char sim_params_json[] = {'; xxd -i < $<; echo '};'; \
+	  echo 'const size_t sim_params_json_len = sizeof sim_params_json;'; } > $@.tmp && mv $@.tmp $@
+$(BUILD)/obj/gen/sim_params.o: $(BUILD)/gen/sim_params.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
 
 $(UNIT_BIN): $(UNIT_OBJ) $(LIB)
 	@mkdir -p $(dir $@)

@@ -211,6 +211,8 @@ const kernels_t *kernels_cpu_variant(const char *isa);
 // The backend called name: "cpu" (always), "cuda" (a CUDA build with a usable GPU). NULL with the
 // reason in why (n bytes) otherwise.
 const kernels_t *kernels_by_name(const char *name, char *why, size_t n);
+// The simulated backend's table ("sim:DEVICE" above; common/sim/sim.h): the CPU ops, named "sim".
+const kernels_t *kernels_sim(void);
 // The precision of a base model's matrices on backend k for a weights setting: "fp32" 0, "bf16"
 // 1, "auto" bf16 on every backend but the CPU. -1 with the reason for any other value.
 int kernels_weights_bf16(const kernels_t *k, const char *weights, char *why, size_t n);

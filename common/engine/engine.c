@@ -13,6 +13,7 @@
 // exactly what it computed when it read these buffers directly.
 #include "common/engine/engine.h"
 #include "common/engine/loss.h"
+#include "common/sim/sim.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -64,6 +65,9 @@ struct engine {
     size_t idx_cap;
     buf_t act, scratch, logits, grad, dxf;
     const float *step_logits;    // engine_step's rows kept in backend memory (logits == NULL)
+    sim_t *sim;                  // the simulated backend: steps cost modelled time (engine_set_sim)
+    sim_seq_t *sseq;             // (sim_cap) its per-sequence descriptions
+    int sim_cap;
 };
 
 static float *buf_get(const kernels_t *k, buf_t *b, size_t n) {
@@ -96,11 +100,31 @@ void engine_destroy(engine_t **pe) {
     free(e->kvoff);
     e->k->free(e->act.p), e->k->free(e->scratch.p), e->k->free(e->logits.p), e->k->free(e->grad.p);
     e->k->free(e->dxf.p);
+    free(e->sseq);
     free(e);
     *pe = NULL;
 }
 
 model_t *engine_model(engine_t *e) { return e->m; }
+
+void engine_set_sim(engine_t *e, sim_t *sim) { e->sim = sim; }
+sim_t *engine_sim(const engine_t *e) { return e->sim; }
+
+// The simulated backend's description of n sequences (grown as needed).
+static sim_seq_t *sim_seqs(engine_t *e, int n) {
+    if (n > e->sim_cap) {
+        e->sim_cap = n + n / 2 + 16;
+        e->sseq = xrealloc(e->sseq, sizeof(sim_seq_t) * (size_t)e->sim_cap);
+    }
+    return e->sseq;
+}
+
+static void sim_adapter(const engine_t *e, int slot, sim_seq_t *q) {
+    const lora_t *a = slot >= 0 ? lora_pool_get(e->pool, slot) : NULL;
+    q->slot = a ? slot : -1;
+    q->rank = a ? a->cfg.r : 0;
+    q->targets = a ? a->cfg.targets : 0;
+}
 lora_pool_t *engine_pool(engine_t *e) { return e->pool; }
 
 // Grows the host index arrays to hold n rows / sequences.
@@ -275,6 +299,19 @@ int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, flo
         return err_set(err, "KV cache full: this step needs %d blocks, %d free", need, kvcache_free_blocks(kc));
     for (int i = 0; i < n; i++)
         if (kvcache_reserve(kc, seqs[i].kv_seq, seqs[i].n_tokens, err)) return -1;
+    if (e->sim) {
+        // nothing is computed: the step lasts its modelled time, the cache advances, no logits
+        sim_seq_t *q = sim_seqs(e, n);
+        for (int i = 0; i < n; i++) {
+            q[i] = (sim_seq_t){.n_new = seqs[i].n_tokens, .past = kvcache_seq_len(kc, seqs[i].kv_seq),
+                               .n_logits = seqs[i].logits == ENGINE_LOGITS_LAST ? 1
+                                           : seqs[i].logits == ENGINE_LOGITS_ALL ? seqs[i].n_tokens : 0};
+            sim_adapter(e, seqs[i].slot, &q[i]);
+        }
+        sim_wait(e->sim, sim_cost(e->sim, q, n, SIM_INFER, 0, 0));
+        for (int i = 0; i < n; i++) kvcache_advance(kc, seqs[i].kv_seq, seqs[i].n_tokens);
+        return 0;
+    }
 
     ensure_idx(e, (size_t)(N > n ? N : n));
     int *slot_of = e->tab_seq;
@@ -618,6 +655,60 @@ typedef struct {
     float *const *logp, *const *entropy;   // per sequence, indexed by token
 } run_out_t;
 
+// A pass on the simulated backend: its modelled duration, and log-probs that reproduce the
+// behaviour ones (SIM_LOGP, what the simulated generator gives every token): ratio 1, no clipping,
+// no mismatch, no gradient. The statistics are the real loss's on those log-probs.
+static int sim_run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cfg_t *lc, int mode,
+                   const run_out_t *o) {
+    sim_seq_t *q = sim_seqs(e, n);
+    int n_groups = lora_pool_slots(e->pool) + 1, n_adapters = 0;
+    double params = 0;
+    double *gw = xcalloc((size_t)n_groups, sizeof(double));
+    for (int i = 0; i < n; i++) {
+        int logits = 0;
+        for (int t = seqs[i].prefix_len + 1; t < seqs[i].len; t++)
+            if (mode == RUN_LOGPROBS || (seqs[i].weight && seqs[i].weight[t] > 0.0f)) {
+                logits++;
+                if (mode == RUN_TRAIN) gw[seqs[i].slot + 1] += seqs[i].weight[t];
+            }
+        q[i] = (sim_seq_t){.n_new = seqs[i].len - seqs[i].prefix_len, .past = seqs[i].prefix_len, .n_logits = logits};
+        sim_adapter(e, seqs[i].slot, &q[i]);
+        bool first = true;
+        for (int j = 0; j < i && first; j++) first = seqs[j].slot != seqs[i].slot;
+        if (first && q[i].slot >= 0) {
+            const lora_t *a = lora_pool_get(e->pool, q[i].slot);
+            n_adapters++;
+            params = (double)lora_param_count(&a->model, &a->cfg);
+        }
+    }
+    sim_wait(e->sim, sim_cost(e->sim, q, n, mode == RUN_TRAIN ? SIM_TRAIN : SIM_INFER, mode == RUN_TRAIN ? n_adapters : 0,
+                              params));
+    loss_stats_t *stats = o->stats ? xcalloc((size_t)n_groups, sizeof(loss_stats_t)) : NULL;
+    for (int i = 0; i < n; i++) {
+        const engine_train_seq_t *s = &seqs[i];
+        for (int t = 0; t < s->len; t++) {
+            bool pre = t <= s->prefix_len;
+            if (mode == RUN_LOGPROBS) {
+                o->logp[i][t] = pre ? 0.0f : SIM_LOGP;
+                if (o->entropy && o->entropy[i]) o->entropy[i][t] = pre ? 0.0f : SIM_ENTROPY;
+                continue;
+            }
+            if (pre || !s->weight || !(s->weight[t] > 0.0f) || !stats) continue;
+            int g = s->slot + 1;
+            double wt = s->weight[t], wn = wt / (lc->slot_weight ? lc->slot_weight[g] : gw[g]);
+            float lp = s->old_logp ? s->old_logp[t] : SIM_LOGP;
+            loss_token_t tl = loss_token(lc, s, t, lp);
+            loss_stats_add(&stats[g], s, t, wn, wt, &tl, lp, SIM_ENTROPY);
+        }
+    }
+    if (stats) {
+        loss_stats_finish(stats, n_groups);
+        memcpy(o->stats, stats, sizeof(loss_stats_t) * (size_t)(o->n_stats < n_groups ? o->n_stats : n_groups));
+    }
+    free(stats), free(gw);
+    return 0;
+}
+
 static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cfg_t *lc, int mode, const run_out_t *o,
                char *err) {
     float *model_grads = o->model_grads;
@@ -631,6 +722,7 @@ static int run(engine_t *e, const engine_train_seq_t *seqs, int n, const loss_cf
         return err_set(err, "full-parameter training needs fp32 weights; this model's matrices are bf16 (model_to_bf16, "
                        "--weights bf16): train LoRA adapters, or load the model with --weights fp32");
     if (mode == RUN_TRAIN && loss_check(lc, seqs, n, err)) return -1;
+    if (e->sim) return sim_run(e, seqs, n, lc, mode, o);
     train_fwd_t f = {0};
     if (train_forward(e, seqs, n, &f, err)) return -1;
     int N = f.N;

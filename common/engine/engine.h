@@ -25,6 +25,7 @@
 #include "common/engine/kvcache.h"
 #include "common/engine/lora.h"
 #include "common/engine/model.h"
+#include "common/sim/sim.h"
 
 typedef struct engine engine_t;
 
@@ -33,6 +34,15 @@ engine_t *engine_new(model_t *model, lora_pool_t *pool, char *err);
 void engine_destroy(engine_t **e);
 model_t *engine_model(engine_t *e);
 lora_pool_t *engine_pool(engine_t *e);
+// The simulated backend (common/sim/sim.h; the engine borrows sim, which outlives it): from now on
+// engine_step and the training passes compute nothing. A step validates its batch and takes its
+// KV blocks as always, lasts the modelled time (sim_wait) and leaves no logits
+// (engine_step_logits NULL: the generator draws simulated tokens); engine_train and
+// engine_logprobs last theirs and give log-probs SIM_LOGP and entropies SIM_ENTROPY, the loss's
+// statistics on them (the behaviour log-probs reproduced: ratio 1) and no gradient. The model may
+// be a shell without weights (model_shell).
+void engine_set_sim(engine_t *e, sim_t *sim);
+sim_t *engine_sim(const engine_t *e);
 
 // --- inference ------------------------------------------------------------------------------------
 enum { ENGINE_LOGITS_NONE = 0, ENGINE_LOGITS_LAST = 1, ENGINE_LOGITS_ALL = 2 };

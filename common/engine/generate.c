@@ -15,6 +15,7 @@ typedef struct {
     int done;
     gen_finish_t finish;
     int stop_hit;          // index of the stop string that ended it
+    int sim_len;           // simulated backend: the length drawn for it (0 until its first token)
     char *text;            // incremental text (only with stop strings)
     size_t tlen, tcap;
 } sample_t;
@@ -64,6 +65,8 @@ struct gen {
     float *xrows;          // backend memory: copies of completed prompts' rows for their other samples
     size_t cap_xrows;      // floats
     gen_stats_t st;
+    sim_t *sim;            // the engine's simulated backend, or NULL
+    int32_t filler[2];     // simulated tokens: ordinary ids whose text holds no newline
 };
 
 gen_t *gen_new(engine_t *e, kvcache_t *kc, const tokenizer_t *tok, int max_batch_tokens, char *err) {
@@ -77,6 +80,23 @@ gen_t *gen_new(engine_t *e, kvcache_t *kc, const tokenizer_t *tok, int max_batch
     g->tok = tok;
     g->max_batch = max_batch_tokens;
     g->k = engine_model(e)->k;
+    g->sim = engine_sim(e);
+    // Simulated tokens: the first two ids that are not special and print as text without a
+    // newline (stop strings never end a simulated sample early); any ids without a tokenizer.
+    int V = engine_model(e)->cfg.vocab_size, nf = 0;
+    for (int32_t t = 0; g->sim && t < V && nf < 2; t++) {
+        size_t pl = 0;
+        const char *piece = tok ? tokenizer_token_bytes(tok, t, &pl) : "x";
+        if (tok && (tokenizer_is_special(tok, t) || !piece || pl == 0 || memchr(piece, '\n', pl))) continue;
+        if (tok && (memchr(piece, '<', pl) || memchr(piece, '[', pl))) continue;   // no piece of a call marker
+        g->filler[nf++] = t;
+        if (!tok && nf == 1) g->filler[nf++] = t + 1 < V ? t + 1 : 0;
+    }
+    if (g->sim && nf < 2) {
+        err_set(err, "gen_new: the tokenizer has no two ordinary tokens for simulated text");
+        free(g);
+        return NULL;
+    }
     return g;
 }
 
@@ -251,8 +271,28 @@ static void push_token(gen_t *g, req_t *q, sample_t *s, int32_t t, float lp) {
 // backend's sample op: on the CPU exactly sampler_sample, on a GPU without copying the logits to
 // the host. Each sample's RNG draws its uniform here, as sampler_sample would (one per non-greedy
 // draw), so results do not depend on the backend's batching.
+// Simulated backend: a sample's length is drawn at its first token (sim_length, from its own RNG);
+// until then it writes a filler token, then the request's first stop id (or runs to
+// max_new_tokens without one). Every token has log-prob SIM_LOGP.
+static void draw_sim(gen_t *g, const draw_t *d, int n) {
+    for (int i = 0; i < n; i++) {
+        req_t *q = d[i].rq;
+        sample_t *s = &q->s[d[i].sample];
+        if (s->sim_len == 0) s->sim_len = sim_length(g->sim, &s->rng, q->r.max_new_tokens);
+        int32_t t = g->filler[0];
+        for (int j = 0; j < q->r.n_stop_ids; j++)
+            if (t == q->stop_ids[j]) t = g->filler[1];
+        if (s->n + 1 >= s->sim_len && q->r.n_stop_ids > 0) t = q->stop_ids[0];
+        push_token(g, q, s, t, SIM_LOGP);
+    }
+}
+
 static void draw_tokens(gen_t *g, const draw_t *d, const float *logits, int n) {
     if (n <= 0) return;
+    if (g->sim) {
+        draw_sim(g, d, n);
+        return;
+    }
     const kernels_t *k = g->k;
     int V = engine_model(g->e)->cfg.vocab_size;
     float *temp = g->dparams, *top_p = temp + n, *u = temp + 2 * n, *lp = temp + 3 * n;
@@ -386,7 +426,13 @@ int gen_step(gen_t *g, char *err) {
     int nx = 0;
     for (int r = 0; r < nd; r++)
         if (g->draws[r].first) nx += g->draws[r].rq->r.n_samples - 1;
-    if (nx > 0) {
+    if (nx > 0 && g->sim) {
+        draw_t *x = g->draws + nd;
+        int m = 0;
+        for (int r = 0; r < nd; r++)
+            for (int j = 1; g->draws[r].first && j < g->draws[r].rq->r.n_samples; j++) x[m++] = (draw_t){g->draws[r].rq, j, false};
+        draw_sim(g, x, m);
+    } else if (nx > 0) {
         const kernels_t *k = g->k;
         if (g->cap_xrows < (size_t)nx * V) {
             if (g->xrows) k->free(g->xrows);

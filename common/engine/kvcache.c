@@ -62,8 +62,21 @@ kvcache_t *kvcache_new(int n_layers, int kv_dim, int block_size, int n_blocks, i
     return kvcache_new_on(kernels_cpu(), n_layers, kv_dim, block_size, n_blocks, max_seqs, err);
 }
 
+static kvcache_t *cache_new(const kernels_t *k, int n_layers, int kv_dim, int block_size, int n_blocks, int max_seqs,
+                            bool pools, char *err);
+
 kvcache_t *kvcache_new_on(const kernels_t *k, int n_layers, int kv_dim, int block_size, int n_blocks, int max_seqs,
                           char *err) {
+    return cache_new(k, n_layers, kv_dim, block_size, n_blocks, max_seqs, true, err);
+}
+
+kvcache_t *kvcache_new_virtual(const kernels_t *k, int n_layers, int kv_dim, int block_size, int n_blocks,
+                               int max_seqs, char *err) {
+    return cache_new(k, n_layers, kv_dim, block_size, n_blocks, max_seqs, false, err);
+}
+
+static kvcache_t *cache_new(const kernels_t *k, int n_layers, int kv_dim, int block_size, int n_blocks, int max_seqs,
+                            bool pools, char *err) {
     if (!k) {
         err_set(err, "kvcache: no backend given");
         return NULL;
@@ -95,8 +108,10 @@ kvcache_t *kvcache_new_on(const kernels_t *k, int n_layers, int kv_dim, int bloc
     // for it the pools come from pool_alloc, whose failure is reportable. Another backend's alloc
     // aborts with its own message when the device is out of memory.
     bool host = k == kernels_cpu();
-    float *k_pool, *v_pool;
-    if (host) {
+    float *k_pool = NULL, *v_pool = NULL;
+    if (!pools) {
+        host = false;
+    } else if (host) {
         k_pool = pool_alloc(pool_floats);
         v_pool = k_pool ? pool_alloc(pool_floats) : NULL;
         if (!k_pool || !v_pool) {
@@ -145,7 +160,7 @@ void kvcache_destroy(kvcache_t **kcp) {
     if (kc->host_pools) {
         free(kc->k_pool);
         free(kc->v_pool);
-    } else {
+    } else if (kc->k_pool) {
         kc->k->free(kc->k_pool);
         kc->k->free(kc->v_pool);
     }
@@ -270,8 +285,10 @@ int kvcache_reserve(kvcache_t *kc, int seq, int n_new, char *err) {
         // below len (the shared prefix) must come along.
         size_t src_off = (size_t)old * kc->block_floats, dst_off = (size_t)nb * kc->block_floats;
         // Backend memory: the backend's device-to-device copy (memcpy on the CPU backend).
-        kc->k->copy(kc->k_pool + dst_off, kc->k_pool + src_off, kc->block_floats * sizeof(float));
-        kc->k->copy(kc->v_pool + dst_off, kc->v_pool + src_off, kc->block_floats * sizeof(float));
+        if (kc->k_pool) {
+            kc->k->copy(kc->k_pool + dst_off, kc->k_pool + src_off, kc->block_floats * sizeof(float));
+            kc->k->copy(kc->v_pool + dst_off, kc->v_pool + src_off, kc->block_floats * sizeof(float));
+        }
         block_release(kc, old);
         s->table[b] = nb;
     }

@@ -45,6 +45,11 @@ kvcache_t *kvcache_new(int n_layers, int kv_dim, int block_size, int n_blocks, i
 // is kvcache_new; another backend's alloc aborts with its message when the device lacks memory.
 kvcache_t *kvcache_new_on(const kernels_t *k, int n_layers, int kv_dim, int block_size, int n_blocks, int max_seqs,
                           char *err);
+// A cache of block and sequence bookkeeping only, with no pools (kvcache_pool gives NULL; rows,
+// offsets and layer views do not exist and must not be asked for): the simulated backend's (common/sim/sim.h), whose n_blocks come
+// from the modelled device memory. Its backend is k.
+kvcache_t *kvcache_new_virtual(const kernels_t *k, int n_layers, int kv_dim, int block_size, int n_blocks,
+                               int max_seqs, char *err);
 // The backend whose memory holds the pools.
 const kernels_t *kvcache_backend(const kvcache_t *kc);
 void kvcache_destroy(kvcache_t **kc);

@@ -101,6 +101,7 @@ lora_t *lora_new(const hf_config_t *m, const peft_config_t *c, const kernels_t *
 lora_t *lora_clone(const lora_t *src) {
     lora_t *a = xcalloc(1, sizeof *a);
     *a = *src;
+    if (src->modelled) return a;
     a->params = src->k->alloc(a->n_params * sizeof(float));
     src->k->copy(a->params, src->params, a->n_params * sizeof(float));
     for (int t = 0; t < LORA_N_TARGETS; t++) {
@@ -204,6 +205,7 @@ static float *peft_host_copy(const lora_t *a) {
 
 int lora_save(const lora_t *a, const char *dir, char *err) {
     char path[4096], e2[ERR_LEN];
+    if (a->modelled) return err_set(err, "the adapter of a simulated job has no weights to save");
     if (util_mkdirs(dir, err)) return -1;
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     if (peft_config_save(&a->cfg, path, e2)) return err_set(err, "%s", e2);
@@ -255,7 +257,29 @@ static int serialize_host(const lora_t *a, float *peft, uint8_t **buf, size_t *l
     return rc;
 }
 
+static int modelled_blob(const peft_config_t *c, uint8_t **buf, size_t *len, char *err) {
+    st_writer_t *w = st_writer_new();
+    char v[64];
+    snprintf(v, sizeof v, "%d", c->r);
+    st_writer_metadata(w, "lora_r", v);
+    snprintf(v, sizeof v, "%.9g", c->alpha);
+    st_writer_metadata(w, "lora_alpha", v);
+    snprintf(v, sizeof v, "%u", c->targets);
+    st_writer_metadata(w, "lora_targets", v);
+    st_writer_metadata(w, "marlaas_modelled", "1");
+    int rc = st_writer_serialize(w, buf, len, err);
+    st_writer_destroy(&w);
+    return rc;
+}
+
+int lora_modelled_serialize(const hf_config_t *m, const peft_config_t *c, uint8_t **buf, size_t *len, char *err) {
+    (void)m;
+    if (validate_cfg(c, err)) return -1;
+    return modelled_blob(c, buf, len, err);
+}
+
 int lora_serialize(const lora_t *a, uint8_t **buf, size_t *len, char *err) {
+    if (a->modelled) return modelled_blob(&a->cfg, buf, len, err);
     float *host = peft_host_copy(a);
     int rc = serialize_host(a, host, buf, len, err);
     free(host);
@@ -286,6 +310,20 @@ lora_t *lora_deserialize(const void *buf, size_t len, const hf_config_t *m, cons
     lora_t *a = NULL;
     peft_config_t c;
     if (peft_blob_config(f, &c, err)) goto done;
+    const char *mod = st_metadata(f, "marlaas_modelled");
+    if (mod) {
+        if (strcmp(mod, "1") || st_count(f) != 0) {
+            err_set(err, "adapter blob: marlaas_modelled '%.8s' with %d tensors (a modelled adapter is \"1\" with none)",
+                    mod, st_count(f));
+        } else if (k != kernels_sim()) {
+            err_set(err, "the adapter is a simulated job's (no weights): only a --backend sim:DEVICE service can use it");
+        } else if (!validate_cfg(&c, err)) {
+            a = xcalloc(1, sizeof *a);
+            *a = (lora_t){.cfg = c, .model = *m, .n_layers = m->num_hidden_layers, .scale = c.alpha / (float)c.r,
+                          .k = k, .modelled = true};
+        }
+        goto done;
+    }
     a = alloc_adapter(m, &c, k, err);
     if (a && read_tensors(a, f, m, err)) lora_destroy(&a);
 done:

@@ -15,6 +15,7 @@
 #ifndef MARLAAS_LORA_H
 #define MARLAAS_LORA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,6 +33,8 @@ typedef struct {
     size_t n_params;
     float *A[LORA_N_TARGETS];    // (L, r, in_t)   NULL when the target is off
     float *B[LORA_N_TARGETS];    // (L, r, out_t)  transposed lora_B
+    bool modelled;               // an adapter of the simulated backend: a configuration without
+                                 // parameters (n_params 0, params, A and B NULL); see lora_modelled_serialize
 } lora_t;
 
 // in/out features of target t for the model config.
@@ -54,6 +57,12 @@ int lora_serialize(const lora_t *a, uint8_t **buf, size_t *len, char *err);
 int lora_initial_serialize(const hf_config_t *m, const peft_config_t *c, uint64_t seed, uint8_t **buf, size_t *len,
                            char *err);
 lora_t *lora_deserialize(const void *buf, size_t len, const hf_config_t *m, const kernels_t *k, char *err);
+// The blob of a modelled adapter (the simulated backend's, common/sim/sim.h): the configuration
+// of an adapter c on model m, with the metadata marlaas_modelled = "1" and no tensor; its cost is
+// modelled from lora_param_count(m, c). lora_deserialize gives it back as a modelled lora_t on
+// kernels_sim() only, and refuses it on any other backend (it has no weights); lora_serialize of
+// a modelled adapter writes it again; lora_save refuses it.
+int lora_modelled_serialize(const hf_config_t *m, const peft_config_t *c, uint8_t **buf, size_t *len, char *err);
 lora_t *lora_clone(const lora_t *a);
 void lora_destroy(lora_t **a);
 

@@ -217,6 +217,21 @@ model_t *model_new(const hf_config_t *cfg, const kernels_t *k, char *err) {
     return m;
 }
 
+model_t *model_shell(const char *dir, const kernels_t *k, bool bf16, char *err) {
+    char path[4096];
+    hf_config_t cfg;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (hf_config_load(&cfg, path, err) || validate_config(&cfg, err)) return NULL;
+    model_t *m = xcalloc(1, sizeof *m);
+    m->cfg = cfg;
+    m->k = k;
+    size_t sizes[MODEL_N_TENSORS];
+    m->n_params = model_param_sizes(&cfg, sizes);
+    m->bf16 = bf16;
+    m->n_pos = hf_config_context(&cfg);
+    return m;
+}
+
 void model_destroy(model_t **pm) {
     if (!pm || !*pm) return;
     model_t *m = *pm;

@@ -125,6 +125,10 @@ model_t *model_load_as(const char *dir, const kernels_t *k, bool bf16, char *err
 // only: a bf16 model is refused (-1 + err), as its fp32 matrices no longer exist.
 int model_save(const model_t *m, const char *dir, char *err);
 void model_destroy(model_t **m);
+// The model of DIR/config.json without weights (params, params16 and the RoPE tables NULL;
+// n_params and bf16 as a loaded model's): what the simulated backend's engine needs (engine.h
+// engine_set_sim). Nothing may compute with it.
+model_t *model_shell(const char *dir, const kernels_t *k, bool bf16, char *err);
 
 // Hugging Face name of tensor kind `kind` (index into the arena order) at layer l.
 // Returns 0, or -1 when the kind does not exist for this config (e.g. biases without qkv_bias).

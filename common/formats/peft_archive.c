@@ -37,6 +37,10 @@ static int safetensors_file(const void *blob, size_t len, peft_config_t *cfg, ui
     float *vals = NULL;
     st_writer_t *w = NULL;
     if (peft_blob_config(f, cfg, err)) goto done;
+    if (st_metadata(f, "marlaas_modelled")) {
+        err_set(err, "the adapter of a simulated job (--backend sim:DEVICE) has no weights to download");
+        goto done;
+    }
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         const st_tensor_t *t = st_tensor(f, i);

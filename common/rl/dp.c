@@ -327,7 +327,8 @@ int dp_pass(dp_t *d, engine_t *e, const engine_train_seq_t *seqs, int n, const l
     char lerr[ERR_LEN] = "";
     int rc = 0;
     for (int i = 0; i < n_slots && !rc; i++) {
-        if (slots[i] < 0 || slots[i] + 1 >= n_groups || !grads[slots[i]] || !grad_len(e, slots[i]))
+        if (slots[i] < 0 || slots[i] + 1 >= n_groups || !grads[slots[i]] || !lora_pool_get(engine_pool(e), slots[i]) ||
+            (!grad_len(e, slots[i]) && !lora_pool_get(engine_pool(e), slots[i])->modelled))
             rc = err_set(lerr, "training pass: slot %d has no adapter or gradient", slots[i]);
         else k->zero(grads[slots[i]], sizeof(float) * grad_len(e, slots[i]));
     }

@@ -4,6 +4,7 @@
 #include "common/rl/rl.h"
 
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,13 @@
 
 static int cfg_defaults(const rl_runtime_cfg_t *c, const model_t *m, rl_runtime_cfg_t *d, char *err) {
     return rl_serving_cfg(&m->cfg, c, d, err);
+}
+
+int rl_sim_kv_blocks(const sim_t *sim, const hf_config_t *mc, int n_slots, char *err) {
+    peft_config_t pc = {.r = 16, .alpha = 16, .targets = LORA_ALL_TARGETS};
+    int64_t blocks = sim_kv_blocks(sim, 16, n_slots, (double)lora_param_count(mc, &pc), err);
+    if (blocks < 0) return -1;
+    return blocks > INT_MAX / 16 ? INT_MAX / 16 : (int)blocks;
 }
 
 rl_runtime_t *rl_runtime_wrap(model_t **model, tokenizer_t **tok, const rl_runtime_cfg_t *cfg, char *err) {
@@ -50,9 +58,17 @@ rl_runtime_t *rl_runtime_wrap(model_t **model, tokenizer_t **tok, const rl_runti
     rt->pool = lora_pool_new(c.n_slots);
     rt->engine = engine_new(rt->model, rt->pool, err);
     if (!rt->engine) goto fail;
-    // The cache lives where the model computes (host memory for the CPU backend).
-    rt->kc = kvcache_new_on(rt->model->k, mc->num_hidden_layers, mc->num_key_value_heads * mc->head_dim, 16,
-                            c.kv_blocks, c.max_seqs, err);
+    if (cfg && cfg->sim) {
+        engine_set_sim(rt->engine, cfg->sim);
+        int blocks = cfg->kv_blocks ? cfg->kv_blocks : rl_sim_kv_blocks(cfg->sim, mc, c.n_slots, err);
+        if (blocks < 0) goto fail;
+        rt->kc = kvcache_new_virtual(rt->model->k, mc->num_hidden_layers, mc->num_key_value_heads * mc->head_dim, 16,
+                                     (int)blocks, c.max_seqs, err);
+    } else {
+        // The cache lives where the model computes (host memory for the CPU backend).
+        rt->kc = kvcache_new_on(rt->model->k, mc->num_hidden_layers, mc->num_key_value_heads * mc->head_dim, 16,
+                                c.kv_blocks, c.max_seqs, err);
+    }
     if (!rt->kc) goto fail;
     rt->gen = gen_new(rt->engine, rt->kc, rt->tok, c.max_batch_tokens, err);
     if (!rt->gen) goto fail;
@@ -64,9 +80,11 @@ fail:
 
 rl_runtime_t *rl_runtime_open(const char *dir, const rl_runtime_cfg_t *cfg, char *err) {
     char path[4096];
-    model_t *m = model_load(dir, cfg && cfg->k ? cfg->k : kernels_cpu(), err);
+    bool sim = cfg && cfg->sim;
+    model_t *m = sim ? model_shell(dir, kernels_sim(), cfg->bf16, err)
+                     : model_load(dir, cfg && cfg->k ? cfg->k : kernels_cpu(), err);
     if (!m) return NULL;
-    if (cfg && cfg->bf16 && model_to_bf16(m, err)) {
+    if (!sim && cfg && cfg->bf16 && model_to_bf16(m, err)) {
         model_destroy(&m);
         return NULL;
     }

@@ -56,7 +56,18 @@ typedef struct {
     int max_batch_tokens; // rows per engine step (default 512)
     const kernels_t *k;   // compute backend for rl_runtime_open (NULL = the CPU backend)
     bool bf16;            // rl_runtime_open: base matrices in bf16 (model_to_bf16; see model.h)
+    sim_t *sim;           // the simulated backend (borrowed; outlives the runtime), or NULL:
+                          // rl_runtime_open builds a model without weights (model_shell) on
+                          // kernels_sim(), the engine models its steps (engine_set_sim), and the KV
+                          // cache is bookkeeping only (kvcache_new_virtual) of kv_blocks blocks, by
+                          // default what the device's memory holds (sim_kv_blocks) beside the weights
+                          // and n_slots adapters of rank 16 on every target
 } rl_runtime_cfg_t;
+
+// The KV blocks (16 positions) a simulated device holds for model mc beside its weights and n_slots
+// adapters of rank 16 on every target (sim_kv_blocks): the simulated rollout's cache. -1 + err
+// when the model leaves no room.
+int rl_sim_kv_blocks(const sim_t *sim, const hf_config_t *mc, int n_slots, char *err);
 
 // The settings with their defaults filled in, by the rule above, for a model of config mc: what
 // rl_runtime_open serves. -1 + err for a max_context the model does not have.

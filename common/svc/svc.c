@@ -203,6 +203,41 @@ const char *svc_extra(const svc_t *s, const char *key, const char *def) {
     return def;
 }
 
+sim_t *svc_sim_open(const svc_t *s, char *err) {
+    const char *b = s->opt[SVC_BACKEND];
+    if (!b || strncmp(b, "sim:", 4) != 0 || !b[4]) {
+        err_set(err, "--backend %s is not a simulated device (sim:DEVICE)", b ? b : "");
+        return NULL;
+    }
+    char path[4096], e2[ERR_LEN];
+    hf_config_t mc;
+    snprintf(path, sizeof path, "%s/config.json", s->opt[SVC_MODEL]);
+    if (hf_config_load(&mc, path, e2)) {
+        err_set(err, "%.200s", e2);
+        return NULL;
+    }
+    char *end;
+    const char *e_sc = getenv("MARLAAS_SIM_SCALE"), *e_dv = getenv("MARLAAS_SIM_DEVICES"),
+               *e_len = getenv("MARLAAS_SIM_LENGTHS");
+    const char *sc = svc_extra(s, "sim_scale", e_sc && *e_sc ? e_sc : "60"),
+               *dv = svc_extra(s, "sim_devices", e_dv && *e_dv ? e_dv : "1");
+    sim_opts_t o = {.scale = strtod(sc, &end), .lengths = svc_extra(s, "sim_lengths", e_len && *e_len ? e_len : NULL)};
+    if (!*sc || *end || !(o.scale > 0)) {
+        err_set(err, "--set sim_scale=%.40s: a number > 0 (modelled seconds per wall second)", sc);
+        return NULL;
+    }
+    long d = strtol(dv, &end, 10);
+    if (!*dv || *end || d < 1 || d > 4096) {
+        err_set(err, "--set sim_devices=%.40s: an integer in 1..4096", dv);
+        return NULL;
+    }
+    o.devices = (int)d;
+    // --weights: the modelled precision of weights and KV cache (auto: the device's)
+    const char *w = s->opt[SVC_WEIGHTS] ? s->opt[SVC_WEIGHTS] : "auto";
+    o.weight_bytes = !strcmp(w, "fp32") ? 4 : !strcmp(w, "bf16") ? 2 : 0;
+    return sim_open(b + 4, &mc, &o, err);
+}
+
 static void redis_addr(const svc_t *s, char *host, size_t n, int *port) {
     const char *r = s->opt[SVC_REDIS];
     const char *colon = strrchr(r, ':');

@@ -34,6 +34,7 @@
 #include "common/svc/metrics.h"
 #include "common/net/endpoint.h"
 #include "common/net/store.h"
+#include "common/sim/sim.h"
 
 typedef enum {
     SVC_REDIS, SVC_PREFIX, SVC_MODEL, SVC_API, SVC_WORK, SVC_EVENTS, SVC_REPORTS, SVC_VERIFIERS, SVC_TRAINER,
@@ -68,6 +69,13 @@ const char *svc_get(const svc_t *s, svc_opt_t o);
 void svc_bind_endpoint(const svc_t *s, svc_opt_t o, char *out, size_t n);
 // A service extra (--set key=value), or def.
 const char *svc_extra(const svc_t *s, const char *key, const char *def);
+// The simulated backend of --backend sim:DEVICE (common/sim/sim.h) for the model of --model
+// (its config.json), with the extras sim_scale (modelled seconds per wall second, default 60),
+// sim_lengths (completion lengths, default lognormal:200,0.8) and sim_devices (data-parallel
+// devices of a trainer, default 1), or where an extra is not given the environment's
+// MARLAAS_SIM_SCALE, MARLAAS_SIM_LENGTHS, MARLAAS_SIM_DEVICES. NULL + err when the backend is not sim:DEVICE or a setting is
+// wrong; the caller owns the result (sim_close).
+sim_t *svc_sim_open(const svc_t *s, char *err);
 // Where tenants' reward and environment services may be (endpoint.h): the allow-list
 // reward_allow (--set reward_allow=LIST, else MARLAAS_REWARD_ALLOW; none: any tcp host), and the
 // cluster's own ports refused on every host: the endpoint settings (--api, --work, --events,

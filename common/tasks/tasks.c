@@ -46,7 +46,7 @@ const task_t *task_find(const char *name) {
     for (int g = 0; g < N_GROUPS; g++)
         for (int i = 0; i < *registry[g].count; i++)
             if (strcmp(registry[g].tasks[i].name, name) == 0) return &registry[g].tasks[i];
-    return NULL;
+    return task_sim_find(name);
 }
 
 // --- seeds and splits ----------------------------------------------------------------------

@@ -49,7 +49,9 @@ typedef struct task {
 
 int task_count(void);
 const task_t *task_at(int i);
-const task_t *task_find(const char *name);   // NULL if unknown
+// NULL if unknown. Finds the simulated tasks too (sim-easy, sim-medium, sim-hard: family "sim",
+// common/sim/sim.h), which task_count and task_at leave out.
+const task_t *task_find(const char *name);
 // Example `index` of a split (the split decides the seed range).
 void task_example(const task_t *t, task_split_t split, uint64_t index, task_example_t *ex);
 void task_example_free(task_example_t *ex);

@@ -22,6 +22,8 @@ extern const task_t task_format_table[];
 extern const int task_format_count;
 extern const task_t task_tools_table[];
 extern const int task_tools_count;
+// The simulated tasks (tasks_sim.c): found by name, not listed.
+const task_t *task_sim_find(const char *name);
 
 // Longest prompt + answer any built-in example may have (the models see 128 tokens, and the
 // trainer packs prompt, answer and end-of-text into that).

@@ -11,7 +11,9 @@ static const char *HELP =
     "resolves to every verifier; re-resolved every 10 s), --trainer-events and --reports.\n"
     "extras: --set max_adapters=32 --set max_batch_tokens=512 --set max_queue=64\n"
     "        --set max_context=N (positions of prompt + completion served; default min(the model's, 4096))\n"
-    "        --set kv_mb=1024 (KV cache budget in MiB; README \"Bring your own model\")";
+    "        --set kv_mb=1024 (KV cache budget in MiB; README \"Bring your own model\")\n"
+    "simulated device (--backend sim:h100|h200|a100|cpu; docs/SIMULATOR.md): --set sim_scale=60\n"
+    "        --set sim_lengths=lognormal:200,0.8 (or fixed:N, uniform:A,B) --set kv_blocks=N";
 
 int main(int argc, char **argv) {
     svc_t s;
@@ -21,7 +23,7 @@ int main(int argc, char **argv) {
     // settings first: a wrong backend fails before anything is started
     const kernels_t *k = kernels_by_name(svc_get(&s, SVC_BACKEND), err, sizeof err);
     if (!k) {
-        log_error("--backend %s: %s; use --backend cpu", svc_get(&s, SVC_BACKEND), err);
+        log_error("--backend %s: %s; use --backend cpu (or sim:DEVICE)", svc_get(&s, SVC_BACKEND), err);
         return 2;
     }
     int bf16 = kernels_weights_bf16(k, svc_get(&s, SVC_WEIGHTS), err, sizeof err);

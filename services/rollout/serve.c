@@ -12,6 +12,7 @@
 
 struct rollout {
     svc_t *s;
+    sim_t *sim;            // --backend sim:DEVICE, else NULL
     rl_runtime_t *rt;
     worker_t *w;
     int max_queue;
@@ -48,6 +49,16 @@ rollout_t *rollout_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, ch
                             .max_context = atoi(svc_extra(s, "max_context", "0")),
                             .kv_mb = atoi(svc_extra(s, "kv_mb", "0"))};
     char e2[ERR_LEN];
+    if (k == kernels_sim()) {
+        r->sim = svc_sim_open(s, err);
+        if (!r->sim) {
+            rollout_close(&r);
+            return NULL;
+        }
+        cfg.sim = r->sim;
+        cfg.bf16 = sim_device(r->sim)->weight_bytes == 2;   // the modelled precision
+        cfg.kv_blocks = atoi(svc_extra(s, "kv_blocks", "0"));
+    }
     r->rt = rl_runtime_open(svc_get(s, SVC_MODEL), &cfg, e2);
     if (!r->rt) {
         err_set(err, "cannot load the base model: %s (set --model or MARLAAS_MODEL%s)", e2, bf16 ? ", or --weights fp32" : "");
@@ -74,6 +85,13 @@ rollout_t *rollout_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, ch
              svc_get(s, SVC_MODEL), r->rt->model->bf16 ? "bf16" : "fp32", lora_pool_slots(r->rt->pool),
              r->rt->max_context, kvcache_total_blocks(r->rt->kc) * kvcache_block_size(r->rt->kc),
              r->rt->chat ? "yes" : "no", s->id);
+    if (r->sim) {
+        const sim_device_t *d = sim_device(r->sim);
+        log_info("simulated device %s: %.0f TFLOP/s, %.2f TB/s, %.0f GB (%s weights %.1f GB, KV cache %d tokens); "
+                 "time scale %g (modelled seconds per wall second)", d->name, d->flops / 1e12, d->bandwidth / 1e12,
+                 d->memory / 1e9, d->weight_bytes == 2 ? "bf16" : "fp32", sim_weight_bytes(r->sim) / 1e9,
+                 kvcache_total_blocks(r->rt->kc) * kvcache_block_size(r->rt->kc), sim_scale(r->sim));
+    }
     return r;
 }
 
@@ -213,6 +231,7 @@ void rollout_close(rollout_t **pr) {
     zsock_destroy(&r->work);
     worker_destroy(&r->w);
     rl_runtime_close(&r->rt);
+    sim_close(&r->sim);
     free(r);
     *pr = NULL;
 }

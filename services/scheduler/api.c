@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "common/engine/kvcache.h"
+#include "common/sim/sim.h"
 #include "common/engine/lora.h"
 #include "common/formats/json.h"
 #include "common/net/endpoint.h"
@@ -18,6 +19,7 @@
 #include "common/rl/jobspec.h"
 #include "common/rl/rl.h"
 #include "common/tasks/dataset.h"
+#include "common/sim/sim.h"
 #include "common/util/log.h"
 #include "common/rl/keys.h"
 
@@ -36,8 +38,11 @@ struct api {
     char chat_error[ERR_LEN];
     tokenizer_t *tok;              // the model's: prompts measured against the context at submission
     rl_runtime_cfg_t serve;        // the context and KV cache the rollouts serve (api_set_serving)
+    bool simulated;                // the cluster's services run --backend sim:DEVICE (api_set_simulated)
     endpoint_rules_t *endpoints;   // where tenants' services may be (api_set_endpoint_rules); owned
 };
+
+void api_set_simulated(api_t *a, bool on) { a->simulated = on; }
 
 api_t *api_new(store_t *st, sched_t *sc, const char *admin_token, const char *model_dir, char *err) {
     if (sodium_init() < 0) {
@@ -80,15 +85,15 @@ api_t *api_new(store_t *st, sched_t *sc, const char *admin_token, const char *mo
     snprintf(a->chat_error, sizeof a->chat_error, "the model has no chat template");
     snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
     a->tok = tokenizer_load(path, err);
-    if (!a->tok || api_set_serving(a, 0, 0, err)) {
+    if (!a->tok || api_set_serving(a, 0, 0, 0, err)) {
         api_destroy(&a);
         return NULL;
     }
     return a;
 }
 
-int api_set_serving(api_t *a, int max_context, int kv_mb, char *err) {
-    rl_runtime_cfg_t c = {.max_context = max_context, .kv_mb = kv_mb};
+int api_set_serving(api_t *a, int max_context, int kv_mb, int kv_blocks, char *err) {
+    rl_runtime_cfg_t c = {.max_context = max_context, .kv_mb = kv_mb, .kv_blocks = kv_blocks};
     if (rl_serving_cfg(&a->model, &c, &a->serve, err)) return -1;
     return 0;
 }
@@ -477,7 +482,13 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
     peft_config_t pc = {.r = spec.rank, .alpha = spec.alpha, .targets = spec.targets};
     uint8_t *blob = NULL;
     size_t blen = 0;
-    int rc = lora_initial_serialize(&a->model, &pc, spec.seed, &blob, &blen, err);
+    bool sim_task = !spec.dataset && sim_is_task(spec.task);
+    if (sim_task && !a->simulated)
+        return err_set(err, "task %s is a simulated task: it runs on a simulated cluster (every service with --backend "
+                       "sim:DEVICE)", spec.task);
+    // on a simulated cluster the adapters are modelled: their configuration, no weights
+    int rc = a->simulated ? lora_modelled_serialize(&a->model, &pc, &blob, &blen, err)
+                          : lora_initial_serialize(&a->model, &pc, spec.seed, &blob, &blen, err);
     if (rc) return -1;
     int64_t seq;
     char id[PROTO_MAX_ID], now[32];

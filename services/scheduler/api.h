@@ -30,6 +30,9 @@
 typedef struct api api_t;
 
 api_t *api_new(store_t *st, sched_t *sc, const char *admin_token, const char *model_dir, char *err);
+// A simulated cluster (its services run --backend sim:DEVICE, common/sim/sim.h): jobs get modelled
+// adapters (lora_modelled_serialize) and may run the simulated tasks, which are refused otherwise.
+void api_set_simulated(api_t *a, bool on);
 void api_destroy(api_t **a);
 // The base model's chat template (borrowed; NULL with the reason when it has none): chat jobs
 // are refused without one, and every prompt of a chat job is rendered at submission.
@@ -38,8 +41,9 @@ void api_set_chat(api_t *a, const chat_template_t *ct, const char *why_none);
 // verifier's own: svc_endpoint_rules); the API owns them. NULL: none.
 void api_set_endpoint_rules(api_t *a, endpoint_rules_t *rules);
 // The context and KV cache the rollouts serve, by their settings max_context and kv_mb (0: the
-// defaults, rl.h), against which job_submit measures prompts. -1 + err for a context the model lacks.
-int api_set_serving(api_t *a, int max_context, int kv_mb, char *err);
+// defaults, rl.h) or kv_blocks (when > 0: a simulated device's, rl_sim_kv_blocks), against which
+// job_submit measures prompts. -1 + err for a context the model lacks.
+int api_set_serving(api_t *a, int max_context, int kv_mb, int kv_blocks, char *err);
 // Reads and answers every request waiting on the ROUTER socket.
 void api_serve(api_t *a, zsock_t *router);
 // Answers one decoded request (what api_serve does for each request on the socket): the same

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/net/bus.h"
+#include "common/rl/rl.h"
 #include "common/util/log.h"
 #include "services/scheduler/api.h"
 #include "services/scheduler/console.h"
@@ -76,7 +77,18 @@ scheduler_t *scheduler_open(svc_t *s, store_t *st, const sched_cfg_t *cfg, const
         sched_set_metrics(c->sc, s->met);
         c->api = api_new(st, c->sc, admin, svc_get(s, SVC_MODEL), err);
         // the rollouts' settings of the same names: job specs are measured against what they serve
-        if (c->api && api_set_serving(c->api, atoi(svc_extra(s, "max_context", "0")), atoi(svc_extra(s, "kv_mb", "0")), err))
+        // (a simulated rollout's cache is what its device's memory holds: the same rule here)
+        int kv_blocks = atoi(svc_extra(s, "kv_blocks", "0"));
+        if (c->api && !strncmp(svc_get(s, SVC_BACKEND), "sim:", 4)) {
+            api_set_simulated(c->api, true);
+            sim_t *sim = kv_blocks ? NULL : svc_sim_open(s, err);
+            if (!kv_blocks && sim)
+                kv_blocks = rl_sim_kv_blocks(sim, &mc, atoi(svc_extra(s, "max_adapters", "32")), err);
+            sim_close(&sim);
+            if (kv_blocks <= 0) api_destroy(&c->api);
+        }
+        if (c->api && api_set_serving(c->api, atoi(svc_extra(s, "max_context", "0")), atoi(svc_extra(s, "kv_mb", "0")),
+                                      kv_blocks, err))
             api_destroy(&c->api);
         endpoint_rules_t *rules = c->api ? svc_endpoint_rules(s, err) : NULL;
         if (rules) api_set_endpoint_rules(c->api, rules);

@@ -13,6 +13,7 @@
 
 struct trainer {
     svc_t *s;
+    sim_t *sim;              // --backend sim:DEVICE, else NULL
     model_t *m;
     lora_pool_t *pool;
     engine_t *e;
@@ -146,7 +147,24 @@ trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, co
     trainer_t *t = xcalloc(1, sizeof *t);
     t->s = s;
     def_metrics(t);
-    t->m = load_model(s, k, bf16, err);
+    if (k == kernels_sim()) {
+        if (dc->world > 1) {
+            err_set(err, "a simulated trainer models its data-parallel devices (--set sim_devices=N), not --set dp_world");
+            trainer_close(&t);
+            return NULL;
+        }
+        t->sim = svc_sim_open(s, err);
+        if (!t->sim) {
+            trainer_close(&t);
+            return NULL;
+        }
+        (void)bf16;
+        char e2[ERR_LEN];
+        t->m = model_shell(svc_get(s, SVC_MODEL), k, sim_device(t->sim)->weight_bytes == 2, e2);
+        if (!t->m) err_set(err, "%s", e2);
+    } else {
+        t->m = load_model(s, k, bf16, err);
+    }
     if (!t->m) {
         char e2[ERR_LEN];
         snprintf(e2, sizeof e2, "%s", err);
@@ -155,8 +173,15 @@ trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, co
         return NULL;
     }
     int max_jobs = atoi(svc_extra(s, "max_jobs", "64"));
-    t->pool = lora_pool_new(max_jobs > 0 ? max_jobs : 64);
+    if (max_jobs <= 0) max_jobs = 64;
+    int pass_rows = atoi(svc_extra(s, "pass_rows", "2048"));
+    if (t->sim && sim_trainer_fit(t->sim, pass_rows, &max_jobs, err)) {
+        trainer_close(&t);
+        return NULL;
+    }
+    t->pool = lora_pool_new(max_jobs);
     t->e = engine_new(t->m, t->pool, err);
+    if (t->e && t->sim) engine_set_sim(t->e, t->sim);
     if (t->e && dc->world > 1) {
         log_info("data parallelism: rank 0 waits for %d ranks at %s", dc->world - 1, dc->endpoint);
         char e2[ERR_LEN];
@@ -168,7 +193,7 @@ trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, co
                        .keep_versions = atoi(svc_extra(s, "keep_versions", "4")),
                        .optim_every = atoi(svc_extra(s, "optim_every", "1")),
                        .shared_prefix = svc_extra(s, "shared_prefix", "1")[0] == '1',
-                       .pass_rows = atoi(svc_extra(s, "pass_rows", "2048"))};
+                       .pass_rows = pass_rows};
     if (t->e && (t->dp || dc->world == 1)) t->jobs = tjobs_new(t->e, st, &cfg, err);
     char ep[256];
     svc_bind_endpoint(s, SVC_TRAINER, ep, sizeof ep);
@@ -300,6 +325,7 @@ void trainer_close(trainer_t **pt) {
     engine_destroy(&t->e);
     lora_pool_destroy(&t->pool);
     model_destroy(&t->m);
+    sim_close(&t->sim);
     free(t);
     *pt = NULL;
 }

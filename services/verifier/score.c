@@ -12,6 +12,7 @@
 #include "common/rl/jobspec.h"
 #include "common/rl/rl.h"
 #include "common/tasks/env.h"
+#include "common/sim/sim.h"
 #include "common/util/log.h"
 #include "common/rl/keys.h"
 
@@ -490,6 +491,7 @@ void scorer_add(scorer_t *s, proto_batch_t *b) {
         s->busy += util_now() - t0;
         return;
     }
+    sim_curve_t curve;
     for (uint32_t g = 0; g < vb->b.n_groups; g++) {
         proto_group_t *gr = &vb->b.groups[g];
         if (!j->ok) {
@@ -516,6 +518,14 @@ void scorer_add(scorer_t *s, proto_batch_t *b) {
                 group_fail(vb, g, why);
             }
             free(texts);
+        } else if (sim_task_curve(j->spec.task, &curve) == 0) {
+            // a simulated task (common/sim/sim.h): the reward follows its learning curve at the
+            // adapter's trained steps, whatever the (simulated) text; an eval round is
+            // deterministic per (job, version, example)
+            bool eval = vb->b.kind == PROTO_KIND_EVAL;
+            uint64_t key = sim_key(vb->b.job) ^ (eval ? 0x5EED0000ull + vb->b.adapter_version : vb->b.task_id);
+            for (uint32_t i = 0; i < gr->n_samples; i++)
+                gr->samples[i].reward = sim_reward(&curve, vb->b.adapter_version, key, gr->index, i, eval);
         } else {
             for (uint32_t i = 0; i < gr->n_samples; i++)
                 gr->samples[i].reward = rl_source_verify(&j->src, &ex, h, gr->samples[i].text ? gr->samples[i].text : "");

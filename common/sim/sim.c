@@ -1,0 +1,486 @@
+// sim.c - the simulated backend's device model, cost model, lengths and learning curves (sim.h).
+#include "common/sim/sim.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "common/util/log.h"
+#include "common/util/util.h"
+
+// The compiled-in params.json (build/gen/sim_params.c, from common/sim/params.json).
+extern const unsigned char sim_params_json[];
+extern const size_t sim_params_json_len;
+
+struct sim {
+    sim_device_t d;
+    hf_config_t m;
+    double scale;
+    int devices;
+    sim_lengths_t len;
+    double modelled;
+};
+
+// --- parameters -------------------------------------------------------------------------------------
+
+// The compiled-in file and the MARLAAS_SIM_PARAMS one (NULL when unset), parsed once.
+static cJSON *builtin_root, *user_root;
+static char user_error[ERR_LEN];
+static pthread_once_t params_once = PTHREAD_ONCE_INIT;
+
+static void params_load(void) {
+    builtin_root = cJSON_ParseWithLength((const char *)sim_params_json, sim_params_json_len);
+    ASSERT(builtin_root != NULL);
+    const char *path = getenv("MARLAAS_SIM_PARAMS");
+    if (!path || !path[0]) return;
+    char err[ERR_LEN];
+    char *text = util_read_file(path, NULL, err);
+    if (!text) {
+        snprintf(user_error, sizeof user_error, "MARLAAS_SIM_PARAMS: %.200s", err);
+        return;
+    }
+    user_root = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(user_root))
+        snprintf(user_error, sizeof user_error, "MARLAAS_SIM_PARAMS %s: not a JSON object", path);
+}
+
+static const char *params_error(void) {
+    pthread_once(&params_once, params_load);
+    return user_error[0] ? user_error : NULL;
+}
+
+const char *sim_params_text(size_t *len) {
+    if (len) *len = sim_params_json_len;
+    return (const char *)sim_params_json;
+}
+
+// Entry `name` of a section, the user file's first (case-insensitive names).
+static const cJSON *entry(const char *section, const char *name, bool *user) {
+    pthread_once(&params_once, params_load);
+    const cJSON *roots[2] = {user_root, builtin_root};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *sec = roots[i] ? cJSON_GetObjectItemCaseSensitive(roots[i], section) : NULL;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, sec) {
+            if (e->string && !strcasecmp(e->string, name) && cJSON_IsObject(e)) {
+                if (user) *user = i == 0;
+                return e;
+            }
+        }
+    }
+    return NULL;
+}
+
+static void known_names(const char *section, char *out, size_t n) {
+    out[0] = 0;
+    const cJSON *roots[2] = {user_root, builtin_root};
+    size_t used = 0;
+    for (int i = 0; i < 2; i++) {
+        const cJSON *sec = roots[i] ? cJSON_GetObjectItemCaseSensitive(roots[i], section) : NULL;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, sec) {
+            if (!cJSON_IsObject(e) || !e->string) continue;
+            int w = snprintf(out + used, n - used, "%s%s", used ? ", " : "", e->string);
+            if (w < 0 || (size_t)w >= n - used) return;
+            used += (size_t)w;
+        }
+    }
+}
+
+// A device figure: the device's own, else the user file's defaults, else the built-in defaults.
+static int number(const cJSON *dev, const char *key, bool required, double *out, char *err) {
+    const cJSON *roots[2] = {user_root, builtin_root};
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(dev, key);
+    for (int i = 0; !v && !required && i < 2; i++) {
+        const cJSON *def = roots[i] ? cJSON_GetObjectItemCaseSensitive(roots[i], "defaults") : NULL;
+        v = def ? cJSON_GetObjectItemCaseSensitive(def, key) : NULL;
+    }
+    if (!v) return err_set(err, "device %s: no \"%s\"", dev->string, key);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || !isfinite(v->valuedouble))
+        return err_set(err, "device %s: \"%s\" must be a finite number >= 0", dev->string, key);
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int device_read(const cJSON *dev, sim_device_t *d, char *err) {
+    static const char *keys[] = {"description", "source", "flops", "bandwidth", "memory", "link_bandwidth",
+                                 "weight_bytes", "gemm_efficiency", "gemm_half_rows", "bandwidth_efficiency",
+                                 "attention_efficiency", "launch_us", "step_overhead_us", "link_latency_us",
+                                 "activation_reserve"};
+    const cJSON *f;
+    cJSON_ArrayForEach(f, dev) {
+        bool known = false;
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) known |= !strcmp(f->string, keys[i]);
+        if (!known) return err_set(err, "device %s: unknown parameter \"%s\"", dev->string, f->string);
+    }
+    memset(d, 0, sizeof *d);
+    snprintf(d->name, sizeof d->name, "%s", dev->string);
+    double launch_us, step_us, lat_us;
+    if (number(dev, "flops", true, &d->flops, err) || number(dev, "bandwidth", true, &d->bandwidth, err) ||
+        number(dev, "memory", true, &d->memory, err) || number(dev, "link_bandwidth", true, &d->link_bandwidth, err) ||
+        number(dev, "weight_bytes", true, &d->weight_bytes, err) ||
+        number(dev, "gemm_efficiency", false, &d->gemm_efficiency, err) ||
+        number(dev, "gemm_half_rows", false, &d->gemm_half_rows, err) ||
+        number(dev, "bandwidth_efficiency", false, &d->bandwidth_efficiency, err) ||
+        number(dev, "attention_efficiency", false, &d->attention_efficiency, err) ||
+        number(dev, "launch_us", false, &launch_us, err) || number(dev, "step_overhead_us", false, &step_us, err) ||
+        number(dev, "link_latency_us", false, &lat_us, err) ||
+        number(dev, "activation_reserve", false, &d->activation_reserve, err))
+        return -1;
+    if (!(d->flops > 0 && d->bandwidth > 0 && d->memory > 0 && d->link_bandwidth > 0))
+        return err_set(err, "device %s: flops, bandwidth, memory and link_bandwidth must be > 0", d->name);
+    if (d->weight_bytes != 2 && d->weight_bytes != 4)
+        return err_set(err, "device %s: weight_bytes must be 2 (bf16) or 4 (fp32)", d->name);
+    if (!(d->gemm_efficiency > 0 && d->gemm_efficiency <= 1 && d->bandwidth_efficiency > 0 &&
+          d->bandwidth_efficiency <= 1 && d->attention_efficiency > 0 && d->attention_efficiency <= 1 &&
+          d->activation_reserve < 1))
+        return err_set(err, "device %s: efficiencies must be in (0, 1] and activation_reserve below 1", d->name);
+    d->launch_s = launch_us * 1e-6;
+    d->step_overhead_s = step_us * 1e-6;
+    d->link_latency_s = lat_us * 1e-6;
+    return 0;
+}
+
+int sim_lengths_parse(const char *spec, sim_lengths_t *out, char *err) {
+    double a = 0, b = 0;
+    char tail;
+    if (sscanf(spec, "lognormal:%lf,%lf%c", &a, &b, &tail) == 2 && a >= 1 && b >= 0 && b <= 4)
+        *out = (sim_lengths_t){SIM_LEN_LOGNORMAL, a, b};
+    else if (sscanf(spec, "fixed:%lf%c", &a, &tail) == 1 && a >= 1 && a <= 1e6)
+        *out = (sim_lengths_t){SIM_LEN_FIXED, a, a};
+    else if (sscanf(spec, "uniform:%lf,%lf%c", &a, &b, &tail) == 2 && a >= 1 && b >= a && b <= 1e6)
+        *out = (sim_lengths_t){SIM_LEN_UNIFORM, a, b};
+    else
+        return err_set(err, "completion lengths '%s': use lognormal:MEDIAN,SIGMA (MEDIAN >= 1, SIGMA in 0..4), "
+                       "fixed:N or uniform:A,B (1 <= A <= B)", spec);
+    return 0;
+}
+
+sim_t *sim_open(const char *name, const hf_config_t *mc, const sim_opts_t *o, char *err) {
+    const char *pe = params_error();
+    if (pe) {
+        err_set(err, "%s", pe);
+        return NULL;
+    }
+    const cJSON *dev = entry("devices", name, NULL);
+    if (!dev) {
+        char known[512];
+        known_names("devices", known, sizeof known);
+        err_set(err, "unknown simulated device '%s' (known: %s; more in a file named by MARLAAS_SIM_PARAMS)", name, known);
+        return NULL;
+    }
+    sim_t *s = xcalloc(1, sizeof *s);
+    if (device_read(dev, &s->d, err)) goto fail;
+    s->m = *mc;
+    s->scale = o && o->scale > 0 ? o->scale : 60.0;
+    if (o && !(o->scale >= 0 && o->scale <= 1e6)) {
+        err_set(err, "time scale %g: must be in (0, 1e6]", o->scale);
+        goto fail;
+    }
+    s->devices = o && o->devices > 1 ? o->devices : 1;
+    if (o && (o->devices < 0 || o->devices > 4096)) {
+        err_set(err, "devices %d: must be in 1..4096", o->devices);
+        goto fail;
+    }
+    if (o && o->weight_bytes) {
+        if (o->weight_bytes != 2 && o->weight_bytes != 4) {
+            err_set(err, "weight bytes %d: 2 (bf16) or 4 (fp32)", o->weight_bytes);
+            goto fail;
+        }
+        s->d.weight_bytes = o->weight_bytes;
+    }
+    if (sim_lengths_parse(o && o->lengths && o->lengths[0] ? o->lengths : "lognormal:200,0.8", &s->len, err)) goto fail;
+    return s;
+fail:
+    free(s);
+    return NULL;
+}
+
+void sim_close(sim_t **ps) {
+    if (!ps || !*ps) return;
+    free(*ps);
+    *ps = NULL;
+}
+
+const sim_device_t *sim_device(const sim_t *s) { return &s->d; }
+double sim_scale(const sim_t *s) { return s->scale; }
+int sim_devices(const sim_t *s) { return s->devices; }
+double sim_modelled_seconds(const sim_t *s) { return s->modelled; }
+
+int sim_model_shape(const char *name, hf_config_t *mc, char *source, size_t n) {
+    const cJSON *e = entry("models", name, NULL);
+    if (!e) return -1;
+    static const struct {
+        const char *key;
+        size_t off;
+    } f[] = {{"hidden_size", offsetof(hf_config_t, hidden_size)},
+             {"intermediate_size", offsetof(hf_config_t, intermediate_size)},
+             {"num_hidden_layers", offsetof(hf_config_t, num_hidden_layers)},
+             {"num_attention_heads", offsetof(hf_config_t, num_attention_heads)},
+             {"num_key_value_heads", offsetof(hf_config_t, num_key_value_heads)},
+             {"head_dim", offsetof(hf_config_t, head_dim)},
+             {"vocab_size", offsetof(hf_config_t, vocab_size)}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, f[i].key);
+        if (cJSON_IsNumber(v)) *(int *)((char *)mc + f[i].off) = v->valueint;
+    }
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "tie_word_embeddings");
+    if (cJSON_IsBool(t)) mc->tie_word_embeddings = cJSON_IsTrue(t);
+    const cJSON *src = cJSON_GetObjectItemCaseSensitive(e, "source");
+    if (source && n) snprintf(source, n, "%s", cJSON_IsString(src) ? src->valuestring : "");
+    return 0;
+}
+
+// --- cost model -------------------------------------------------------------------------------------
+
+static double gemm(const sim_device_t *d, double m, double n, double k) {
+    if (m <= 0 || n <= 0 || k <= 0) return 0.0;
+    double eff = d->gemm_efficiency * m / (m + d->gemm_half_rows);
+    double tc = 2.0 * m * n * k / (d->flops * eff);
+    double bytes = (n * k + m * k + m * n) * d->weight_bytes;
+    double tm = bytes / (d->bandwidth * d->bandwidth_efficiency);
+    return (tc > tm ? tc : tm) + d->launch_s;
+}
+
+static double stream(const sim_device_t *d, double bytes, int launches) {
+    return bytes / (d->bandwidth * d->bandwidth_efficiency) + launches * d->launch_s;
+}
+
+static void target_dims(const hf_config_t *m, int t, double *in, double *out) {
+    double D = m->hidden_size, F = m->intermediate_size, Qd = (double)m->num_attention_heads * m->head_dim,
+           KVd = (double)m->num_key_value_heads * m->head_dim;
+    static const int q = 0, k = 1, v = 2, o = 3, g = 4, u = 5;
+    *in = t == o ? Qd : t == 6 ? F : D;
+    *out = t == q ? Qd : t == k || t == v ? KVd : t == o ? D : t == g || t == u ? F : D;
+}
+
+// The forward (or forward + backward) of one device's share of the sequences.
+static double pass_cost(const sim_t *s, const sim_seq_t *seqs, int n, bool train) {
+    const sim_device_t *d = &s->d;
+    const hf_config_t *m = &s->m;
+    double D = m->hidden_size, F = m->intermediate_size, V = m->vocab_size, L = m->num_hidden_layers;
+    double Qd = (double)m->num_attention_heads * m->head_dim, KVd = (double)m->num_key_value_heads * m->head_dim;
+    double wb = d->weight_bytes, T = 0, R = 0, att_flops = 0, att_bytes = 0;
+    for (int i = 0; i < n; i++) {
+        double nn = seqs[i].n_new, p = seqs[i].past;
+        T += nn;
+        R += seqs[i].n_logits;
+        att_flops += 4.0 * nn * (p + (nn + 1) / 2.0) * Qd;
+        att_bytes += ((p + nn) * 2.0 * KVd + nn * 2.0 * Qd) * wb;
+    }
+    if (T <= 0) return 0.0;
+    double bwd = train ? 2.0 : 1.0;   // the frozen base's input gradients: the GEMMs once more
+    double layer = bwd * (gemm(d, T, Qd + 2 * KVd, D) + gemm(d, T, D, Qd) + gemm(d, T, 2 * F, D) + gemm(d, T, D, F));
+    double ta = att_flops / (d->flops * d->attention_efficiency), tb = att_bytes / (d->bandwidth * d->bandwidth_efficiency);
+    layer += (train ? 3.5 : 1.0) * ((ta > tb ? ta : tb) + d->launch_s);
+    layer += bwd * stream(d, T * (8 * D + 3 * F + 2 * Qd + 2 * KVd) * wb, 6);
+    // multi-LoRA: each adapter's rows through shrink and expand, one launch per target and kind
+    double lora = 0;
+    unsigned any = 0;
+    for (int i = 0; i < n; i++) {
+        if (seqs[i].slot < 0 || seqs[i].rank <= 0) continue;
+        bool first = true;
+        for (int j = 0; j < i && first; j++) first = seqs[j].slot != seqs[i].slot;
+        if (!first) continue;   // counted with the slot's first sequence
+        double rows = 0;
+        for (int j = i; j < n; j++)
+            if (seqs[j].slot == seqs[i].slot) rows += seqs[j].n_new;
+        any |= seqs[i].targets;
+        for (int t = 0; t < 7; t++)
+            if (seqs[i].targets >> t & 1) {
+                double in, out, r = seqs[i].rank;
+                target_dims(m, t, &in, &out);
+                lora += gemm(d, rows, r, in) + gemm(d, rows, out, r) - 2 * d->launch_s;
+            }
+    }
+    for (int t = 0; t < 7; t++)
+        if (any >> t & 1) lora += 2 * d->launch_s;
+    layer += (train ? 3.0 : 1.0) * lora;
+    double head = bwd * gemm(d, R, V, D) + stream(d, R * V * 4.0, 1) + stream(d, (T + R) * D * wb, 2);
+    return L * layer + head;
+}
+
+double sim_cost(const sim_t *s, const sim_seq_t *seqs, int n, sim_mode_t mode, int n_adapters, double adapter_params) {
+    const sim_device_t *d = &s->d;
+    if (n <= 0) return 0.0;
+    if (mode == SIM_INFER) return pass_cost(s, seqs, n, false) + d->step_overhead_s;
+    int D = s->devices;
+    double t = 0;
+    if (D <= 1) {
+        t = pass_cost(s, seqs, n, true);
+    } else {
+        // longest sequences first onto the least loaded device; the pass lasts as long as its slowest
+        int *order = xmalloc(sizeof(int) * (size_t)n), *bin = xmalloc(sizeof(int) * (size_t)n);
+        double *load = xcalloc((size_t)D, sizeof(double));
+        for (int i = 0; i < n; i++) order[i] = i;
+        for (int i = 1; i < n; i++)
+            for (int j = i; j > 0 && seqs[order[j]].n_new > seqs[order[j - 1]].n_new; j--) {
+                int x = order[j];
+                order[j] = order[j - 1], order[j - 1] = x;
+            }
+        for (int i = 0; i < n; i++) {
+            int b = 0;
+            for (int q = 1; q < D; q++)
+                if (load[q] < load[b]) b = q;
+            bin[order[i]] = b;
+            load[b] += seqs[order[i]].n_new;
+        }
+        sim_seq_t *part = xmalloc(sizeof(sim_seq_t) * (size_t)n);
+        for (int b = 0; b < D; b++) {
+            int k = 0;
+            for (int i = 0; i < n; i++)
+                if (bin[i] == b) part[k++] = seqs[i];
+            double c = pass_cost(s, part, k, true);
+            if (c > t) t = c;
+        }
+        free(part), free(order), free(bin), free(load);
+        double bytes = n_adapters * adapter_params * 4.0;
+        t += 2.0 * (D - 1) / D * bytes / d->link_bandwidth + D * d->link_latency_s;
+    }
+    // AdamW over each adapter: parameters, gradients and both moments read and written (fp32)
+    t += n_adapters * (adapter_params * 16.0 / (d->bandwidth * d->bandwidth_efficiency) + d->launch_s);
+    return t + d->step_overhead_s;
+}
+
+void sim_wait(sim_t *s, double dt) {
+    if (!(dt > 0)) return;
+    s->modelled += dt;
+    double w = dt / s->scale;
+    struct timespec ts = {.tv_sec = (time_t)w, .tv_nsec = (long)((w - (double)(time_t)w) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+double sim_weight_bytes(const sim_t *s) {
+    const hf_config_t *m = &s->m;
+    double D = m->hidden_size, F = m->intermediate_size, V = m->vocab_size, L = m->num_hidden_layers;
+    double Qd = (double)m->num_attention_heads * m->head_dim, KVd = (double)m->num_key_value_heads * m->head_dim;
+    double params = V * D * (m->tie_word_embeddings ? 1 : 2) + L * (2 * D * Qd + 2 * D * KVd + 3 * D * F + 2 * D) + D;
+    return params * s->d.weight_bytes;
+}
+
+double sim_kv_block_bytes(const sim_t *s, int block_size) {
+    const hf_config_t *m = &s->m;
+    return (double)block_size * 2.0 * m->num_hidden_layers * m->num_key_value_heads * m->head_dim * s->d.weight_bytes;
+}
+
+int64_t sim_kv_blocks(const sim_t *s, int block_size, int n_slots, double adapter_params, char *err) {
+    const sim_device_t *d = &s->d;
+    double w = sim_weight_bytes(s), a = n_slots * adapter_params * d->weight_bytes;
+    double left = d->memory * (1.0 - d->activation_reserve) - w - a;
+    double blocks = left / sim_kv_block_bytes(s, block_size);
+    if (blocks < 1)
+        return err_set(err, "the model (%.1f GB of weights) and %d adapters (%.2f GB) leave no room for a KV cache in "
+                       "%s's %.0f GB (%.0f %% kept for activations)", w / 1e9, n_slots, a / 1e9, d->name,
+                       d->memory / 1e9, d->activation_reserve * 100);
+    return blocks > 1e9 ? (int64_t)1e9 : (int64_t)blocks;
+}
+
+static double adapter_params_r16(const hf_config_t *m) {
+    double n = 0;
+    for (int t = 0; t < 7; t++) {
+        double in, out;
+        target_dims(m, t, &in, &out);
+        n += 16.0 * (in + out);
+    }
+    return n * m->num_hidden_layers;
+}
+
+int sim_trainer_fit(const sim_t *s, int pass_rows, int *max_jobs, char *err) {
+    const sim_device_t *d = &s->d;
+    const hf_config_t *m = &s->m;
+    double rows = (double)(pass_rows > 0 ? pass_rows : 1) / s->devices;
+    double act = rows * m->num_hidden_layers * (16.0 * m->hidden_size + 4.0 * m->intermediate_size) * d->weight_bytes;
+    double job = adapter_params_r16(m) * 16.0;
+    double left = d->memory * (1.0 - d->activation_reserve) - sim_weight_bytes(s) - act;
+    int fit = left > 0 ? (int)fmin(left / job, 1e6) : 0;
+    if (fit < 1)
+        return err_set(err, "simulated trainer: %.1f GB of weights and %.1f GB of activations for %.0f rows per device "
+                       "leave no room for one adapter's training state on %s (%.0f GB): lower --set pass_rows or add "
+                       "devices (--set sim_devices)", sim_weight_bytes(s) / 1e9, act / 1e9, rows, d->name, d->memory / 1e9);
+    if (*max_jobs > fit) {
+        log_warn("simulated trainer: %s holds the training state of %d jobs (weights %.1f GB, activations %.1f GB, "
+                 "%.2f GB per job); max_jobs lowered from %d", d->name, fit, sim_weight_bytes(s) / 1e9, act / 1e9,
+                 job / 1e9, *max_jobs);
+        *max_jobs = fit;
+    }
+    return 0;
+}
+
+// --- lengths ----------------------------------------------------------------------------------------
+
+int sim_length(const sim_t *s, rng_t *rng, int max_new) {
+    const sim_lengths_t *l = &s->len;
+    double x;
+    if (l->kind == SIM_LEN_FIXED) {
+        x = l->a;
+    } else if (l->kind == SIM_LEN_UNIFORM) {
+        x = l->a + floor(rng_uniform(rng) * (l->b - l->a + 1));
+    } else {
+        double u1 = rng_uniform(rng), u2 = rng_uniform(rng);
+        double z = sqrt(-2.0 * log(1.0 - u1)) * cos(2.0 * M_PI * u2);
+        x = l->a * exp(l->b * z);
+    }
+    long n = lround(x);
+    if (n < 1) n = 1;
+    return n > max_new ? max_new : (int)n;
+}
+
+// --- tasks ------------------------------------------------------------------------------------------
+
+int sim_task_curve(const char *task, sim_curve_t *c) {
+    if (!task || strncmp(task, "sim-", 4) != 0 || params_error()) return -1;
+    const cJSON *e = entry("tasks", task, NULL);
+    if (!e) return -1;
+    const char *k[4] = {"start", "ceiling", "steps", "noise"};
+    double v[4];
+    for (int i = 0; i < 4; i++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(e, k[i]);
+        if (!cJSON_IsNumber(x)) return -1;
+        v[i] = x->valuedouble;
+    }
+    if (!(v[0] >= 0 && v[1] <= 1 && v[0] <= v[1] && v[2] > 0 && v[3] >= 0 && v[3] <= 0.5)) return -1;
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(e, "prompt");
+    int prompt = cJSON_IsNumber(pr) ? pr->valueint : 128;
+    if (prompt < 16 || prompt > 65536) return -1;
+    *c = (sim_curve_t){v[0], v[1], v[2], v[3], prompt};
+    return 0;
+}
+
+bool sim_is_task(const char *task) {
+    sim_curve_t c;
+    return sim_task_curve(task, &c) == 0;
+}
+
+double sim_curve_p(const sim_curve_t *c, double steps) {
+    return c->ceiling - (c->ceiling - c->start) * exp(-(steps > 0 ? steps : 0) / c->tau);
+}
+
+uint64_t sim_key(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; s && *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return h;
+}
+
+static uint64_t mix(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static double unit(uint64_t h) { return (double)(h >> 11) * (1.0 / 9007199254740992.0); }
+
+float sim_reward(const sim_curve_t *c, double steps, uint64_t key, uint64_t group, uint64_t sample, bool eval) {
+    double p = sim_curve_p(c, steps);
+    uint64_t g = mix(key ^ mix(group + 1));
+    if (!eval) p += (2.0 * unit(mix(g ^ 0x5151)) - 1.0) * c->noise;
+    return unit(mix(g ^ mix(sample + 0x77))) < p ? 1.0f : 0.0f;
+}
