@@ -24,8 +24,9 @@
 
 typedef struct {
     const char *run, *model, *policy;
-    long port_base, redis_port, steps, threads;
+    long port_base, redis_port, steps, threads, rollouts;
     bool insecure;
+    const char *backend;   // --backend for every service (NULL: the environment's MARLAAS_BACKEND, else cpu)
 } cluster_opts_t;
 
 static const char *services[4] = {"scheduler", "verifier", "trainer", "rollout"};
@@ -57,19 +58,21 @@ static pid_t spawn(char *const argv[], const char *log, char *const extra_env[])
     _exit(127);
 }
 
-static int read_pids(const char *run, char names[8][32], pid_t pids[8]) {
+#define MAX_PROCS 160   // redis, the four services and up to 128 more rollouts and 16 more verifiers
+
+static int read_pids(const char *run, char names[MAX_PROCS][32], pid_t pids[MAX_PROCS]) {
     char path[4096];
     snprintf(path, sizeof path, "%s/pids", run);
     FILE *f = fopen(path, "r");
     int n = 0;
-    while (f && n < 8 && fscanf(f, "%31s %d", names[n], &pids[n]) == 2) n++;
+    while (f && n < MAX_PROCS && fscanf(f, "%31s %d", names[n], &pids[n]) == 2) n++;
     if (f) fclose(f);
     return n;
 }
 
 static int cluster_down(const char *run, bool quiet) {
-    char names[8][32];
-    pid_t pids[8];
+    static char names[MAX_PROCS][32];
+    static pid_t pids[MAX_PROCS];
     int n = read_pids(run, names, pids);
     if (n == 0) {
         if (!quiet) fprintf(stderr, "marlaas down: no cluster recorded in %s/pids\n", run);
@@ -99,8 +102,8 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
         fprintf(stderr, "marlaas up: %s\n", err);
         return -1;
     }
-    char names[8][32];
-    pid_t pids[8];
+    static char names[MAX_PROCS][32];
+    static pid_t pids[MAX_PROCS];
     int n_old = read_pids(o->run, names, pids);
     for (int i = 0; i < n_old; i++)
         if (kill(pids[i], 0) == 0) {
@@ -208,6 +211,7 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     FILE *ef = efd >= 0 && fchmod(efd, 0600) == 0 ? fdopen(efd, "w") : NULL;
     if (!ef && efd >= 0) close(efd);
     for (int i = 0; ef && i < 10; i++) fprintf(ef, "%s\n", env[i]);
+    if (ef && o->backend) fprintf(ef, "MARLAAS_BACKEND=%s\n", o->backend);
     if (ef) fprintf(ef, "MARLAAS_MODEL=%s\n%s\n", o->model, sec_env), fclose(ef);
     chmod(envf, 0600);
     char model_env[4200], policy_env[64], threads_env[64];
@@ -222,8 +226,12 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     // its loop for a time slice.
     snprintf(threads_env, sizeof threads_env, "MARLAAS_THREADS=%d", o->threads > 0 ? (int)o->threads : util_threads());
     char http_env[64], console_env[64] = "MARLAAS_CONSOLE=off";
-    char *extra[17] = {env[0], env[1], env[2], env[3], env[4], env[5], env[6], env[7], env[8], env[9],
-                       model_env, policy_env, threads_env, http_env, sec_env, console_env, NULL};
+    // --backend: every service's (a simulated cluster needs it in all four: sim:DEVICE)
+    char backend_env[160];
+    snprintf(backend_env, sizeof backend_env, "MARLAAS_BACKEND=%s", o->backend ? o->backend : "");
+    char *extra[18] = {env[0], env[1], env[2], env[3], env[4], env[5], env[6], env[7], env[8], env[9],
+                       model_env, policy_env, threads_env, http_env, sec_env, console_env,
+                       o->backend ? backend_env : NULL, NULL};
     // the web console: the scheduler's, on loopback, port base + 40 (written to RUN/console)
     char consolef[4200];
     snprintf(consolef, sizeof consolef, "%s/console", o->run);
@@ -244,6 +252,18 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
         char *argv[] = {exe, NULL};
         all[i + 1] = spawn(argv, log, extra);
         fprintf(pf, "%s %d\n", services[i], (int)all[i + 1]);
+        fflush(pf);
+    }
+    // more rollout replicas (--rollouts N): the same settings, no HTTP endpoint of their own
+    for (long i = 1; i < o->rollouts; i++) {
+        char exe[4200], log[4200];
+        snprintf(http_env, sizeof http_env, "MARLAAS_HTTP=0");
+        snprintf(console_env, sizeof console_env, "MARLAAS_CONSOLE=off");
+        snprintf(exe, sizeof exe, "%s/marlaas-rollout", bdir);
+        snprintf(log, sizeof log, "%s/rollout%ld.log", logs, i + 1);
+        char *argv[] = {exe, NULL};
+        pid_t p = spawn(argv, log, extra);
+        fprintf(pf, "rollout %d\n", (int)p);
         fflush(pf);
     }
     fclose(pf);
@@ -282,11 +302,12 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
 
 static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
     *o = (cluster_opts_t){.run = "run", .model = cli_default_model(), .policy = "async", .port_base = 7000, .steps = 100,
-                           .threads = 1};
+                           .threads = 1, .rollouts = 1};
     static struct option lo[] = {{"run-dir", required_argument, 0, 'r'}, {"model", required_argument, 0, 'm'},
                                  {"policy", required_argument, 0, 'p'}, {"port-base", required_argument, 0, 'b'},
                                  {"redis-port", required_argument, 0, 'R'}, {"steps", required_argument, 0, 's'},
                                  {"threads", required_argument, 0, 't'}, {"insecure", no_argument, 0, 'I'},
+                                 {"rollouts", required_argument, 0, 'n'}, {"backend", required_argument, 0, 'B'},
                                  {"help", no_argument, 0, 'h'}, {0}};
     int c;
     optind = 1;
@@ -295,6 +316,10 @@ static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
         else if (c == 'm') o->model = optarg;
         else if (c == 'p') o->policy = optarg;
         else if (c == 'I') o->insecure = true;
+        else if (c == 'B') o->backend = optarg;
+        else if (c == 'n') {
+            if (cli_int("--rollouts", optarg, 1, 128, &o->rollouts)) return -1;
+        }
         else if (c == 'b') {
             if (cli_int("--port-base", optarg, 1024, 65000, &o->port_base)) return -1;
         } else if (c == 'R') {
@@ -320,7 +345,10 @@ int cmd_up(int argc, char **argv) {
     int rc = parse(argc, argv, &o, "marlaas up [--run-dir run] [--model models/tiny] [--policy async|sync] [--port-base 7000]\n"
                    "           [--insecure]   (plain links between the services: no CURVE keys)\n"
                    "           [--threads 1]  (compute threads of each service; 0: every core it may run on, shared\n"
-                   "                          with the others: suits one busy service per node, not small models)");
+                   "                          with the others: suits one busy service per node, not small models)\n"
+                   "           [--rollouts 1] (rollout replicas)\n"
+                   "           [--backend cpu|sim:DEVICE] (every service's; sim:h100 with a models/sim/ folder:\n"
+                   "                          a simulated cluster, docs/SIMULATOR.md)");
     if (rc) return rc > 0 ? 0 : 2;
     char admin[65];
     return cluster_up(&o, admin) ? 1 : 0;

@@ -180,7 +180,7 @@ int jobspec_parse(jobspec_t *s, const char *json, char *err) {
         else if (!strcmp(k, "target_accuracy")) e = get_float(v, k, 0, 1, false, &s->target_accuracy, err);
         else if (!strcmp(k, "group")) e = get_int(v, k, 2, 256, &s->group, err);
         else if (!strcmp(k, "prompts")) e = get_int(v, k, 1, 1024, &s->prompts, err);
-        else if (!strcmp(k, "max_new")) e = get_int(v, k, 1, 1024, &s->max_new, err);
+        else if (!strcmp(k, "max_new")) e = get_int(v, k, 1, 32768, &s->max_new, err);
         else if (!strcmp(k, "temperature")) e = get_float(v, k, 0, 10, true, &s->temperature, err);
         else if (!strcmp(k, "top_p")) e = get_float(v, k, 0, 1, true, &s->top_p, err);
         else if (!strcmp(k, "top_k")) e = get_int(v, k, 0, 1000000, &s->top_k, err);

@@ -17,8 +17,11 @@
 // activation reserve holds the KV cache; the generator's real admission control then acts on
 // those blocks exactly as on the device.
 // Time: sim_wait sleeps the modelled duration divided by the time scale (default 60: an hour of
-// device work in a minute), so a service is busy in wall time exactly the modelled fraction of
-// its time; durations reported by services are wall seconds (modelled = wall x scale).
+// device work in a minute), less the host work that overlaps it, so a service is busy in wall
+// time the modelled fraction of its time; durations reported by services are wall seconds
+// (modelled = wall x scale). Everything that is not modelled (the scheduler, Redis, ZeroMQ, the
+// verifiers, the services' host code) takes its real time, which the scale magnifies: a
+// millisecond of it counts as scale milliseconds of the modelled cluster.
 // Parameters: common/sim/params.json (compiled in; sources stated there), extended or replaced
 // entry by entry by the file MARLAAS_SIM_PARAMS names.
 #ifndef MARLAAS_SIM_H
@@ -90,8 +93,12 @@ typedef enum { SIM_INFER = 0, SIM_TRAIN = 1 } sim_mode_t;
 // on the device.
 double sim_cost(const sim_t *s, const sim_seq_t *seqs, int n, sim_mode_t mode, int n_adapters,
                 double adapter_params);
-// Sleeps d / scale seconds (d modelled seconds) and counts d.
+// Counts d modelled seconds and sleeps d / scale, less the calling thread's CPU time since its last
+// sim_wait (its host work overlaps the device's time, as asynchronous launches on a GPU do; host
+// work longer than the step still shows). One thread per sim_t.
 void sim_wait(sim_t *s, double d);
+// Host CPU seconds sim_wait took off its sleeps.
+double sim_hidden_seconds(const sim_t *s);
 double sim_modelled_seconds(const sim_t *s);
 
 // Weight bytes of the model on the device; bytes of one KV block of block_size positions.
