@@ -94,7 +94,7 @@ cp -r "$RUN/logs" "$D/logs"
         -v tu="$(awk -v a="$TU0" -v b="$TU1" 'BEGIN {print b - a}')" -v tok="$TOK" -v steps="$STEPS_DONE" -v ok="$ok" '
         NR > 1 {m++; a0 += $4; a1 += $5}
         END {
-            # busy seconds over the run's wall time (the heartbeats before the first job and after
+            # busy seconds over the wall time of the run (the heartbeats before the first job and after
             # the last bracket it; the services are idle outside it)
             rf = wall > 0 ? rb / (r * wall) : 0; tf = wall > 0 ? tb / wall : 0
             printf "%s,%s,%d,%s,%d,%d,%g,%.2f,%.1f,%.4f,%.4f,%.4f,%d,%.1f,%d,%.4f,%.4f,%d\n", label, pol, n, dev, r, td, sc,
