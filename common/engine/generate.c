@@ -278,7 +278,7 @@ static void draw_sim(gen_t *g, const draw_t *d, int n) {
     for (int i = 0; i < n; i++) {
         req_t *q = d[i].rq;
         sample_t *s = &q->s[d[i].sample];
-        if (s->sim_len == 0) s->sim_len = sim_length(g->sim, &s->rng, q->r.max_new_tokens);
+        if (s->sim_len == 0) s->sim_len = sim_length(g->sim, &s->rng, q->r.max_new_tokens + 1);   // beyond: ends by length
         int32_t t = g->filler[0];
         for (int j = 0; j < q->r.n_stop_ids; j++)
             if (t == q->stop_ids[j]) t = g->filler[1];

@@ -1,6 +1,7 @@
 // svc.c - settings, instance ids, Redis connection and heartbeats for the service processes.
 #include "common/svc/svc.h"
 
+#include <ctype.h>
 #include <czmq.h>
 #include <getopt.h>
 #include <hiredis/hiredis.h>
@@ -200,7 +201,13 @@ void svc_bind_endpoint(const svc_t *s, svc_opt_t o, char *out, size_t n) {
 const char *svc_extra(const svc_t *s, const char *key, const char *def) {
     for (int i = 0; i < s->n_extra; i++)
         if (!strcmp(s->extra[i][0], key)) return s->extra[i][1];
-    return def;
+    // MARLAAS_KEY (the key in capitals) where no --set gives it
+    char name[96] = "MARLAAS_";
+    size_t n = strlen(name);
+    for (const char *k = key; *k && n + 1 < sizeof name; k++) name[n++] = (char)toupper((unsigned char)*k);
+    name[n] = 0;
+    const char *v = getenv(name);
+    return v && *v ? v : def;
 }
 
 sim_t *svc_sim_open(const svc_t *s, char *err) {
@@ -217,11 +224,8 @@ sim_t *svc_sim_open(const svc_t *s, char *err) {
         return NULL;
     }
     char *end;
-    const char *e_sc = getenv("MARLAAS_SIM_SCALE"), *e_dv = getenv("MARLAAS_SIM_DEVICES"),
-               *e_len = getenv("MARLAAS_SIM_LENGTHS");
-    const char *sc = svc_extra(s, "sim_scale", e_sc && *e_sc ? e_sc : "60"),
-               *dv = svc_extra(s, "sim_devices", e_dv && *e_dv ? e_dv : "1");
-    sim_opts_t o = {.scale = strtod(sc, &end), .lengths = svc_extra(s, "sim_lengths", e_len && *e_len ? e_len : NULL)};
+    const char *sc = svc_extra(s, "sim_scale", "60"), *dv = svc_extra(s, "sim_devices", "1");
+    sim_opts_t o = {.scale = strtod(sc, &end), .lengths = svc_extra(s, "sim_lengths", NULL)};
     if (!*sc || *end || !(o.scale > 0)) {
         err_set(err, "--set sim_scale=%.40s: a number > 0 (modelled seconds per wall second)", sc);
         return NULL;

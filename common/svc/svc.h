@@ -67,13 +67,13 @@ const char *svc_get(const svc_t *s, svc_opt_t o);
 // The endpoint to bind for a setting: its port on loopback when the setting names a loopback
 // address (tcp://127.0.0.1:PORT), else on all interfaces (tcp://*:PORT).
 void svc_bind_endpoint(const svc_t *s, svc_opt_t o, char *out, size_t n);
-// A service extra (--set key=value), or def.
+// A service extra (--set key=value), else the environment's MARLAAS_KEY (the key in capitals:
+// --set chunk=1 or MARLAAS_CHUNK=1), else def.
 const char *svc_extra(const svc_t *s, const char *key, const char *def);
 // The simulated backend of --backend sim:DEVICE (common/sim/sim.h) for the model of --model
 // (its config.json), with the extras sim_scale (modelled seconds per wall second, default 60),
 // sim_lengths (completion lengths, default lognormal:200,0.8) and sim_devices (data-parallel
-// devices of a trainer, default 1), or where an extra is not given the environment's
-// MARLAAS_SIM_SCALE, MARLAAS_SIM_LENGTHS, MARLAAS_SIM_DEVICES. NULL + err when the backend is not sim:DEVICE or a setting is
+// devices of a trainer, default 1), each also from the environment (MARLAAS_SIM_SCALE, ...). NULL + err when the backend is not sim:DEVICE or a setting is
 // wrong; the caller owns the result (sim_close).
 sim_t *svc_sim_open(const svc_t *s, char *err);
 // Where tenants' reward and environment services may be (endpoint.h): the allow-list
