@@ -427,6 +427,9 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
     if (!spec_txt) return err_set(err, "job_submit: spec (JSON) required");
     jobspec_t spec;
     if (jobspec_parse(&spec, spec_txt, err)) return -1;
+    if (!spec.dataset && sim_is_task(spec.task) && !a->simulated)
+        return err_set(err, "task %s is a simulated task: it runs on a simulated cluster (every service with --backend "
+                       "sim:DEVICE, docs/SIMULATOR.md)", spec.task);
     // the tenant's services, where the verifier would connect: the same rules it applies
     char why[ERR_LEN];
     if (spec.reward_endpoint[0] && !endpoint_allowed(spec.reward_endpoint, a->endpoints, why))
@@ -482,10 +485,6 @@ static int op_job_submit(api_t *a, const char *tenant, const proto_req_t *q, pro
     peft_config_t pc = {.r = spec.rank, .alpha = spec.alpha, .targets = spec.targets};
     uint8_t *blob = NULL;
     size_t blen = 0;
-    bool sim_task = !spec.dataset && sim_is_task(spec.task);
-    if (sim_task && !a->simulated)
-        return err_set(err, "task %s is a simulated task: it runs on a simulated cluster (every service with --backend "
-                       "sim:DEVICE)", spec.task);
     // on a simulated cluster the adapters are modelled: their configuration, no weights
     int rc = a->simulated ? lora_modelled_serialize(&a->model, &pc, &blob, &blen, err)
                           : lora_initial_serialize(&a->model, &pc, spec.seed, &blob, &blen, err);
