@@ -131,6 +131,7 @@ UNIT_BIN  := $(BUILD)/bin/marlaas-unit-tests
 BENCH_BIN := $(BUILD)/bin/marlaas-bench-engine
 TENANCY_BIN := $(BUILD)/bin/marlaas-bench-tenancy
 TOKBENCH_BIN := $(BUILD)/bin/marlaas-bench-tokenizer
+SIMCAL_BIN := $(BUILD)/bin/marlaas-sim-calibrate
 CLI_SRC   := $(wildcard cli/*.c)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_BIN   := $(BUILD)/bin/marlaas
@@ -140,7 +141,7 @@ SVC_OBJ   := $(SVC_SRC:%.c=$(BUILD)/obj/%.o)
 SVC_BINS  := $(SERVICES:%=$(BUILD)/bin/marlaas-%)
 
 .PHONY: all test unit integration valgrind valgrind-run bench bench-tokenizer demo clean install
-all: $(LIB) $(BENCH_BIN) $(TENANCY_BIN) $(TOKBENCH_BIN) $(CLI_BIN) $(SVC_BINS)
+all: $(LIB) $(BENCH_BIN) $(TENANCY_BIN) $(TOKBENCH_BIN) $(SIMCAL_BIN) $(CLI_BIN) $(SVC_BINS)
 
 # Objects depend on a stamp named after the compile flags: a build tree made with other flags
 # (another ARCH, an older Makefile) is recompiled instead of linked with stale objects.
@@ -170,6 +171,10 @@ $(BENCH_BIN): $(BUILD)/obj/bench/bench_engine.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(TENANCY_BIN): $(BUILD)/obj/bench/bench_tenancy.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(SIMCAL_BIN): $(BUILD)/obj/bench/sim_calibrate.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 

@@ -31,7 +31,7 @@ mkdir -p "$D"
 HEADER="label,policy,n,device,rollouts,train_devices,scale,wall_s,modelled_s,roll_busy,train_busy,device_busy,tokens,tokens_per_s,steps,acc0,acc,done"
 
 # one prompt per rollout task, so one job's step spreads over every rollout device
-export MARLAAS_SIM_SCALE=$SCALE MARLAAS_SIM_LENGTHS=$LENGTHS MARLAAS_CHUNK=${CHUNK:-1}
+export MARLAAS_SIM_SCALE=$SCALE MARLAAS_SIM_LENGTHS=$LENGTHS MARLAAS_CHUNK=${CHUNK:-1} MARLAAS_MAX_BATCH_TOKENS=${MAX_BATCH_TOKENS:-4096}
 [ -n "${SIM_PARAMS:-}" ] && export MARLAAS_SIM_PARAMS=$SIM_PARAMS
 # the trainer's devices: its own setting (the other services ignore it)
 export MARLAAS_SIM_DEVICES=$TRAIN_DEVICES

@@ -26,6 +26,7 @@ int cmd_demo(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_keys(int argc, char **argv);
 int cmd_info(int argc, char **argv);
+int cmd_bench_api(int argc, char **argv);
 
 // The character-level tokenizer of the models this project makes: printable ASCII
 // (space to '~') and '\n', then the special tokens <|endoftext|> and <|pad|>.

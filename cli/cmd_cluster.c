@@ -24,7 +24,7 @@
 
 typedef struct {
     const char *run, *model, *policy;
-    long port_base, redis_port, steps, threads, rollouts;
+    long port_base, redis_port, steps, threads, rollouts, verifiers;
     bool insecure;
     const char *backend;   // --backend for every service (NULL: the environment's MARLAAS_BACKEND, else cpu)
 } cluster_opts_t;
@@ -200,6 +200,10 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     snprintf(env[2], 300, "MARLAAS_WORK=tcp://127.0.0.1:%ld", b + 1);
     snprintf(env[3], 300, "MARLAAS_EVENTS=tcp://127.0.0.1:%ld", b + 2);
     snprintf(env[4], 300, "MARLAAS_REPORTS=tcp://127.0.0.1:%ld", b + 3);
+    // verifier i listens on port base + 10 (the first) or base + 50 + i; the others get the list
+    char vlist[1200], vown[64];
+    int vl = snprintf(vlist, sizeof vlist, "MARLAAS_VERIFIERS=tcp://127.0.0.1:%ld", b + 10);
+    for (long i = 1; i < o->verifiers; i++) vl += snprintf(vlist + vl, sizeof vlist - (size_t)vl, ",tcp://127.0.0.1:%ld", b + 50 + i);
     snprintf(env[5], 300, "MARLAAS_VERIFIERS=tcp://127.0.0.1:%ld", b + 10);
     snprintf(env[6], 300, "MARLAAS_TRAINER=tcp://127.0.0.1:%ld", b + 20);
     snprintf(env[7], 300, "MARLAAS_TRAINER_EVENTS=tcp://127.0.0.1:%ld", b + 21);
@@ -229,7 +233,7 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     // --backend: every service's (a simulated cluster needs it in all four: sim:DEVICE)
     char backend_env[160];
     snprintf(backend_env, sizeof backend_env, "MARLAAS_BACKEND=%s", o->backend ? o->backend : "");
-    char *extra[18] = {env[0], env[1], env[2], env[3], env[4], env[5], env[6], env[7], env[8], env[9],
+    char *extra[18] = {env[0], env[1], env[2], env[3], env[4], vlist, env[6], env[7], env[8], env[9],
                        model_env, policy_env, threads_env, http_env, sec_env, console_env,
                        o->backend ? backend_env : NULL, NULL};
     // the web console: the scheduler's, on loopback, port base + 40 (written to RUN/console)
@@ -250,10 +254,26 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
         snprintf(exe, sizeof exe, "%s/marlaas-%s", bdir, services[i]);
         snprintf(log, sizeof log, "%s/%s.log", logs, services[i]);
         char *argv[] = {exe, NULL};
+        extra[5] = !strcmp(services[i], "verifier") ? env[5] : vlist;   // a verifier binds its own
         all[i + 1] = spawn(argv, log, extra);
         fprintf(pf, "%s %d\n", services[i], (int)all[i + 1]);
         fflush(pf);
     }
+    // more verifier replicas (--verifiers N): each its own port, no HTTP endpoint of its own
+    for (long i = 1; i < o->verifiers; i++) {
+        char exe[4200], log[4200];
+        snprintf(http_env, sizeof http_env, "MARLAAS_HTTP=0");
+        snprintf(console_env, sizeof console_env, "MARLAAS_CONSOLE=off");
+        snprintf(vown, sizeof vown, "MARLAAS_VERIFIERS=tcp://127.0.0.1:%ld", b + 50 + i);
+        extra[5] = vown;
+        snprintf(exe, sizeof exe, "%s/marlaas-verifier", bdir);
+        snprintf(log, sizeof log, "%s/verifier%ld.log", logs, i + 1);
+        char *argv[] = {exe, NULL};
+        pid_t p = spawn(argv, log, extra);
+        fprintf(pf, "verifier %d\n", (int)p);
+        fflush(pf);
+    }
+    extra[5] = vlist;
     // more rollout replicas (--rollouts N): the same settings, no HTTP endpoint of their own
     for (long i = 1; i < o->rollouts; i++) {
         char exe[4200], log[4200];
@@ -302,12 +322,13 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
 
 static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
     *o = (cluster_opts_t){.run = "run", .model = cli_default_model(), .policy = "async", .port_base = 7000, .steps = 100,
-                           .threads = 1, .rollouts = 1};
+                           .threads = 1, .rollouts = 1, .verifiers = 1};
     static struct option lo[] = {{"run-dir", required_argument, 0, 'r'}, {"model", required_argument, 0, 'm'},
                                  {"policy", required_argument, 0, 'p'}, {"port-base", required_argument, 0, 'b'},
                                  {"redis-port", required_argument, 0, 'R'}, {"steps", required_argument, 0, 's'},
                                  {"threads", required_argument, 0, 't'}, {"insecure", no_argument, 0, 'I'},
                                  {"rollouts", required_argument, 0, 'n'}, {"backend", required_argument, 0, 'B'},
+                                 {"verifiers", required_argument, 0, 'V'},
                                  {"help", no_argument, 0, 'h'}, {0}};
     int c;
     optind = 1;
@@ -319,6 +340,8 @@ static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
         else if (c == 'B') o->backend = optarg;
         else if (c == 'n') {
             if (cli_int("--rollouts", optarg, 1, 128, &o->rollouts)) return -1;
+        } else if (c == 'V') {
+            if (cli_int("--verifiers", optarg, 1, 16, &o->verifiers)) return -1;
         }
         else if (c == 'b') {
             if (cli_int("--port-base", optarg, 1024, 65000, &o->port_base)) return -1;
@@ -346,7 +369,7 @@ int cmd_up(int argc, char **argv) {
                    "           [--insecure]   (plain links between the services: no CURVE keys)\n"
                    "           [--threads 1]  (compute threads of each service; 0: every core it may run on, shared\n"
                    "                          with the others: suits one busy service per node, not small models)\n"
-                   "           [--rollouts 1] (rollout replicas)\n"
+                   "           [--rollouts 1] [--verifiers 1] (replicas)\n"
                    "           [--backend cpu|sim:DEVICE] (every service's; sim:h100 with a models/sim/ folder:\n"
                    "                          a simulated cluster, docs/SIMULATOR.md)");
     if (rc) return rc > 0 ? 0 : 2;

@@ -34,6 +34,7 @@ static const command_t commands[] = {
     {"down", cmd_down, "stop the local cluster"},
     {"demo", cmd_demo, "up, four jobs of two tenants on models/tiny, watch, before/after table, down"},
     {"info", cmd_info, "the compute setup here: CPU kernel variant, OpenBLAS kernels, threads, CUDA"},
+    {"bench-api", cmd_bench_api, "the control plane under load: tenants, jobs, API latency (bench/sim_control.sh)"},
 };
 
 static void usage(FILE *f) {

@@ -72,6 +72,7 @@ int rl_batch_add_job(rl_batch_t *b, const rl_job_cfg_t *cfg, const rl_group_t *g
             const rl_sample_t *sm = &gr->samples[s];
             j->turns += sm->turns ? sm->turns : 1;
             for (int q = 0; sm->env && q < sm->n; q++) j->env_tokens += sm->env[q] != 0;
+            for (int q = 0; q < sm->n; q++) j->gen_tokens += !(sm->env && sm->env[q]);
         }
         bool signal = false;
         for (int s = 0; s < G; s++) signal |= adv[s] != 0.0f;

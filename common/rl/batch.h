@@ -69,6 +69,7 @@ typedef struct {
     double gen_seconds;
     double turns;              // model turns (0 counted as 1)
     double env_tokens;         // tokens written by the environment
+    double gen_tokens;         // tokens the model generated (completions, without the environment's)
     double tokens;             // tokens of the trained samples, prompt and completion each
     double rows;               // rows a pass computes for the job (a shared prompt once)
 } rl_batch_job_t;

@@ -175,6 +175,12 @@ int sim_lengths_parse(const char *spec, sim_lengths_t *out, char *err) {
     return 0;
 }
 
+static sim_t *sim_new(const sim_device_t *d, const hf_config_t *mc, const sim_opts_t *o, char *err);
+
+sim_t *sim_open_with(const sim_device_t *d, const hf_config_t *mc, const sim_opts_t *o, char *err) {
+    return sim_new(d, mc, o, err);
+}
+
 sim_t *sim_open(const char *name, const hf_config_t *mc, const sim_opts_t *o, char *err) {
     const char *pe = params_error();
     if (pe) {
@@ -188,8 +194,14 @@ sim_t *sim_open(const char *name, const hf_config_t *mc, const sim_opts_t *o, ch
         err_set(err, "unknown simulated device '%s' (known: %s; more in a file named by MARLAAS_SIM_PARAMS)", name, known);
         return NULL;
     }
+    sim_device_t d;
+    if (device_read(dev, &d, err)) return NULL;
+    return sim_new(&d, mc, o, err);
+}
+
+static sim_t *sim_new(const sim_device_t *d, const hf_config_t *mc, const sim_opts_t *o, char *err) {
     sim_t *s = xcalloc(1, sizeof *s);
-    if (device_read(dev, &s->d, err)) goto fail;
+    s->d = *d;
     s->m = *mc;
     s->scale = o && o->scale > 0 ? o->scale : 60.0;
     if (o && !(o->scale >= 0 && o->scale <= 1e6)) {
@@ -294,24 +306,30 @@ static double pass_cost(const sim_t *s, const sim_seq_t *seqs, int n, bool train
     layer += (train ? 3.5 : 1.0) * ((ta > tb ? ta : tb) + d->launch_s);
     layer += bwd * stream(d, T * (8 * D + 3 * F + 2 * Qd + 2 * KVd) * wb, 6);
     // multi-LoRA: each adapter's rows through shrink and expand, one launch per target and kind
-    double lora = 0;
-    unsigned any = 0;
+    // (the adapters of the batch: their slots, ranks, targets and rows, in order of appearance)
+    enum { MAX_SEG = 512 };
+    int seg_slot[MAX_SEG], seg_rank[MAX_SEG], n_seg = 0;
+    unsigned seg_tg[MAX_SEG], any = 0;
+    double seg_rows[MAX_SEG];
     for (int i = 0; i < n; i++) {
         if (seqs[i].slot < 0 || seqs[i].rank <= 0) continue;
-        bool first = true;
-        for (int j = 0; j < i && first; j++) first = seqs[j].slot != seqs[i].slot;
-        if (!first) continue;   // counted with the slot's first sequence
-        double rows = 0;
-        for (int j = i; j < n; j++)
-            if (seqs[j].slot == seqs[i].slot) rows += seqs[j].n_new;
+        int g = 0;
+        while (g < n_seg && seg_slot[g] != seqs[i].slot) g++;
+        if (g == n_seg) {
+            if (n_seg == MAX_SEG) g = MAX_SEG - 1;   // beyond: counted with the last (never with 512 slots)
+            else seg_slot[g] = seqs[i].slot, seg_rank[g] = seqs[i].rank, seg_tg[g] = seqs[i].targets, seg_rows[g] = 0, n_seg++;
+        }
+        seg_rows[g] += seqs[i].n_new;
         any |= seqs[i].targets;
-        for (int t = 0; t < 7; t++)
-            if (seqs[i].targets >> t & 1) {
-                double in, out, r = seqs[i].rank;
-                target_dims(m, t, &in, &out);
-                lora += gemm(d, rows, r, in) + gemm(d, rows, out, r) - 2 * d->launch_s;
-            }
     }
+    double lora = 0;
+    for (int g = 0; g < n_seg; g++)
+        for (int t = 0; t < 7; t++)
+            if (seg_tg[g] >> t & 1) {
+                double in, out, r = seg_rank[g];
+                target_dims(m, t, &in, &out);
+                lora += gemm(d, seg_rows[g], r, in) + gemm(d, seg_rows[g], out, r) - 2 * d->launch_s;
+            }
     for (int t = 0; t < 7; t++)
         if (any >> t & 1) lora += 2 * d->launch_s;
     layer += (train ? 3.0 : 1.0) * lora;

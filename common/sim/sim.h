@@ -71,6 +71,8 @@ typedef struct sim sim_t;
 // for a model of config mc. NULL + err for an unknown device (the known ones named), a bad
 // parameter file or option.
 sim_t *sim_open(const char *name, const hf_config_t *mc, const sim_opts_t *o, char *err);
+// The same for a device given field by field (calibration: bench/sim_calibrate.c).
+sim_t *sim_open_with(const sim_device_t *d, const hf_config_t *mc, const sim_opts_t *o, char *err);
 void sim_close(sim_t **s);
 const sim_device_t *sim_device(const sim_t *s);
 double sim_scale(const sim_t *s);

@@ -36,6 +36,8 @@ typedef struct {
     uint32_t step, version;
     uint64_t next_index;   // next train example index
     int at_trainer;        // groups verified and not yet consumed / dropped
+    int consumed_ahead;    // groups the trainer reported consumed before their verifier's report
+                           // came (the two travel on different links): that report adds none
     int in_rollout;        // groups in tasks holding a lease
     double last_step_time;
     double vtime;          // fair-share virtual time: groups issued / weight
@@ -621,6 +623,7 @@ void sched_tick(sched_t *s) {
                       j->at_trainer, s->cfg.train_lease_s);
             s->lost += (uint64_t)j->at_trainer;
             j->at_trainer = 0;
+            j->consumed_ahead = 0;
             j->sync_waiting = false;
             j->last_step_time = now;
         }
@@ -708,7 +711,11 @@ int sched_report(sched_t *s, const proto_report_t *r, char *err) {
             if (--j->eval_pending == 0 && j->eval_next >= j->eval_total) eval_done(s, j);
         } else if (what == POLICY_RESULT_TRAIN) {
             j->in_rollout -= n;
-            j->at_trainer += n;
+            int ahead = n < j->consumed_ahead ? n : j->consumed_ahead;
+            j->consumed_ahead -= ahead;
+            j->at_trainer += n - ahead;
+            logj_debug(j->id, "task %llu verified: %d groups at the trainer (step %u, version %u)",
+                       (unsigned long long)r->task_id, j->at_trainer, j->step, j->version);
             j->episodes += r->n;
             j->reward_sum += r->reward_sum;
             j->correct_train += r->correct;
@@ -734,7 +741,14 @@ int sched_report(sched_t *s, const proto_report_t *r, char *err) {
         }
         policy_step_report(&j->step, &j->version, r->step, r->adapter_version);
         j->at_trainer -= (int)(r->n + r->errors);
-        if (j->at_trainer < 0) j->at_trainer = 0;
+        if (j->at_trainer < 0) {
+            // the verifier's report of some of these groups is still on its way (bounded: no more
+            // than a job may have in flight, so a report that never comes cannot pile up)
+            j->consumed_ahead -= j->at_trainer;
+            int cap = (j->spec.staleness + 1) * j->spec.prompts;
+            if (j->consumed_ahead > cap) j->consumed_ahead = cap;
+            j->at_trainer = 0;
+        }
         j->last_step_time = util_now();
         j->sync_waiting = false;
         publish(s, j, "step", -1);

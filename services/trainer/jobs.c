@@ -443,6 +443,8 @@ int tjobs_add(tjobs_t *t, proto_batch_t *m, char *err) {
                                         .gen_seconds = m->gen_seconds / (m->n_groups ? m->n_groups : 1)};
         pg->prompt = NULL, pg->samples = NULL, pg->n_samples = 0;
     }
+    logj_debug(j->id, "task %llu: %u groups of version %u buffered (%d of %d for step %u)", (unsigned long long)m->task_id,
+               m->n_groups, m->adapter_version, j->n_buf, j->spec.prompts, j->step + 1);
     proto_batch_free(m);
     return 0;
 }
@@ -655,9 +657,9 @@ static void finish(tjobs_t *t, tjob_t *j, const rl_batch_job_t *bj, const rl_ste
     const char *tenant = t->tinfo[j->tenant].name;
     logt_info(tenant[0] ? tenant : NULL, j->id,
               "step=%u version=%u reward=%.3f kl=%.4f clip=%.3f mismatch=%s staleness=%.2f tokens=%.0f "
-              "train_s=%.3f turns=%s env_tokens=%s",
+              "train_s=%.3f turns=%s env_tokens=%s gen_tokens=%.0f",
               j->step, j->version, bj->reward_sum / bj->samples, ls->kl, ls->clip_frac, nm == 18 ? v[17] : "-",
-              bj->staleness_sum / j->spec.prompts, bj->tokens, sj->seconds, v[14], v[15]);
+              bj->staleness_sum / j->spec.prompts, bj->tokens, sj->seconds, v[14], v[15], bj->gen_tokens);
     for (int g = 0; g < j->spec.prompts; g++) group_free(&j->buf[g]);
     memmove(j->buf, j->buf + j->spec.prompts, sizeof(tgroup_t) * (size_t)(j->n_buf - j->spec.prompts));
     j->n_buf -= j->spec.prompts;
@@ -690,6 +692,15 @@ int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max) {
         f->ready = !j->fail_why[0] && j->n_buf >= j->spec.prompts;
         f->active = f->ready || now - j->last_batch < ACTIVE_S;
         if (f->ready) f->rows = step_rows(t, j), any = true;
+        if (!f->ready && j->dropped && !j->fail_why[0] && n_out < max) {
+            // the dropped groups would otherwise be reported with the next step, which cannot
+            // come while the scheduler counts them as in flight (it issues no more for the job)
+            tjobs_result_t *o = &res[n_out++];
+            memset(o, 0, sizeof *o);
+            snprintf(o->job, sizeof o->job, "%s", j->id);
+            o->step = j->step, o->version = j->version, o->dropped = j->dropped, o->drop_only = true;
+            j->dropped = 0;
+        }
     }
     if (!any || t->broken[0] || n_out >= max) return n_out;
     // The jobs of this pass: fair per tenant, then per job (policy_train_pick), within pass_rows

@@ -17,6 +17,9 @@ typedef struct {
     char job[PROTO_MAX_ID];
     uint32_t step, version;
     uint32_t consumed, dropped;    // groups trained / dropped as too stale
+    bool drop_only;                // no step: groups were dropped as too stale and the job has no
+                                   // step's worth left, so the scheduler hears of them now and
+                                   // issues more (step and version are the job's current ones)
     bool failed;
     char error[ERR_LEN];
 } tjobs_result_t;

@@ -256,6 +256,7 @@ static void announce(trainer_t *t, const tjobs_result_t *res) {
     if (!proto_report_encode(&r, &buf) && bus_send(t->rep, &buf)) log_warn("report to the scheduler not sent (queue full)");
     proto_buf_free(&buf);
     metrics_add(met, t->m_dropped, NULL, res->dropped);
+    if (res->drop_only) return;
     if (res->failed) {
         metrics_add(met, t->m_job_failed, res->job, 1);
         metrics_add(met, t->s->m_errors, NULL, 1);

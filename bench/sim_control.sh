@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# sim_control.sh OUT WORK - the control plane's limits (bench/sim.sh's control part): simulated
+# compute at a time scale that makes it nearly free, so that what is measured is the scheduler,
+# Redis, the API and the sockets. For each configuration of CONTROL_CONFIGS ("JOBS TENANTS
+# ROLLOUTS VERIFIERS", comma-separated; default 250 50 16 4, 500 100 32 8, 1000 200 64 16): a fresh
+# simulated cluster, `marlaas bench-api` creates the tenants, submits the jobs (timed) and
+# queries the API at 50 calls/s while they run (timed); the rollouts' task counters give tasks
+# per second, Redis's own counters commands per second and memory per job, the services' CPU
+# seconds what saturates; then the scheduler is restarted with every job in Redis and the time
+# until it is ready again is measured. Writes OUT/sim_control.csv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=$1 WORK=$2
+source tests/integration/lib.sh
+: "${CONTROL_CONFIGS:=250 50 16 4,500 100 32 8,1000 200 64 16}"
+D=$WORK/control
+rm -rf "$D"
+mkdir -p "$D"
+HZ=$(getconf CLK_TCK)
+echo "jobs,tenants,rollouts,verifiers,tasks_per_s,p50_ms,p99_ms,submit_p99_ms,redis_cmds_per_s,redis_bytes_per_job,restart_s,end_s,saturated" > "$OUT/sim_control.csv"
+cpu_of() {   # CPU-seconds of every process of a service
+    local s=0 p
+    for p in $(awk -v n="$1" '$1 == n {print $2}' "$RUN/pids"); do
+        s=$(awk -v a="$s" -v b="$(awk -v hz="$HZ" '{print ($14 + $15) / hz}' /proc/"$p"/stat 2>/dev/null || echo 0)" 'BEGIN {print a + b}')
+    done
+    echo "$s"
+}
+redis_info() { redis-cli -p "$REDIS_PORT" info "$1" | tr -d '\r' | awk -F: -v k="$2" '$1 == k {print $2}'; }
+IFS=, read -r -a CONFIGS <<< "$CONTROL_CONFIGS"
+for cfg in "${CONFIGS[@]}"; do
+    read -r JOBS TENANTS R V <<< "$cfg"
+    export MARLAAS_SIM_SCALE=1000 MARLAAS_SIM_LENGTHS=fixed:16 MARLAAS_CHUNK=2
+    cluster_up --model models/sim/qwen3-8b --backend sim:h100 --rollouts "$R" --verifiers "$V" > "$D/up-$JOBS.log" 2>&1
+    REDIS_PORT=$(sed -n 's/^MARLAAS_REDIS=.*:\([0-9]*\)$/\1/p' "$RUN/env")
+    REDISCLI_AUTH=$(sed -n 's/^MARLAAS_REDIS_PASSWORD=//p' "$RUN/env")
+    export REDISCLI_AUTH
+    wait_for 60 bash -c "[ \$(redis-cli -p $REDIS_PORT --scan --pattern '*svc:rollout:*' | wc -l) -ge $R ]"
+    mem0=$(redis_info memory used_memory) cmd0=$(redis_info stats total_commands_processed)
+    declare -A C0
+    for s in scheduler redis verifier trainer rollout; do C0[$s]=$(cpu_of "$s"); done
+    t0=$EPOCHREALTIME
+    spec='{"task": "sim-easy", "max_steps": 3, "prompts": 2, "group": 4, "max_new": 32, "eval_every": 3, "eval_n": 4}'
+    "$M" bench-api --jobs "$JOBS" --tenants "$TENANTS" --rate 50 --timeout 1200 --spec "$spec" > "$D/api-$JOBS.csv" 2> "$D/api-$JOBS.log" || true
+    t1=$EPOCHREALTIME
+    dt=$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')
+    cmd1=$(redis_info stats total_commands_processed) mem1=$(redis_info memory used_memory)
+    sat="" best=0
+    for s in scheduler redis verifier trainer rollout; do
+        c=$(awk -v a="${C0[$s]}" -v b="$(cpu_of "$s")" -v t="$dt" 'BEGIN {printf "%.3f", (b - a) / t}')
+        sat="$sat $s=$c"
+    done
+    sat=$(echo "$sat" | tr ' ' '\n' | sed '/^$/d' | sort -t= -k2 -gr | head -n 3 | paste -sd' ')
+    sleep 1.2
+    tasks=0
+    for k in $(redis-cli -p "$REDIS_PORT" --scan --pattern '*svc:rollout:*'); do
+        tasks=$((tasks + $(redis-cli -p "$REDIS_PORT" --raw hget "$k" tasks || echo 0)))
+    done
+    # the scheduler restarted with every job in Redis: until it is ready again
+    svc_stop scheduler
+    r0=$EPOCHREALTIME
+    svc_start scheduler
+    restart=$(awk -v a="$r0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.3f", b - a}')
+    restored=$(grep -ho "[0-9]* jobs restored" "$SVC_LOG" | head -n 1)
+    cluster_down
+    tail -n 1 "$D/api-$JOBS.csv" | awk -F, -v j="$JOBS" -v t="$TENANTS" -v r="$R" -v v="$V" -v tasks="$tasks" -v dt="$dt" \
+        -v c0="$cmd0" -v c1="$cmd1" -v m0="$mem0" -v m1="$mem1" -v rs="$restart" -v sat="$sat" '
+        NF >= 10 {printf "%d,%d,%d,%d,%.1f,%.3f,%.3f,%.3f,%.0f,%.0f,%s,%.1f,%s\n", j, t, r, v, tasks / $8, $5, $6, $4,
+                  (c1 - c0) / dt, (m1 - m0) / j, rs, $8, sat}' >> "$OUT/sim_control.csv"
+    echo "control $cfg: $(tail -n 1 "$OUT/sim_control.csv") ($restored)" >&2
+done
