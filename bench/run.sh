@@ -3,9 +3,13 @@
 # throughput, memory per tenant; writes bench/results/<date>-<host>/ (report.md, CSV, SVG plots).
 #
 #   bench/run.sh [--quick] [--out DIR]
+#   bench/run.sh --sim [--out DIR]
 #
 #   --quick   N in {1, 8} and shorter micro-benchmarks (under 8 minutes on 2 cores)
 #   full      N in {1, 4, 8, 16, 32} (under 45 minutes on 2 cores)
+#   --sim     the simulated cluster (bench/sim.sh, docs/SIMULATOR.md): the paper's table on
+#             simulated H100s, sweeps, calibration against this CPU, control-plane limits
+#             (about 15 minutes); OUT defaults to docs/benchmark
 #
 # Every run starts a fresh local cluster (redis-server + the four services on loopback) with
 # the same settings per job under both policies; see bench/e2e.sh for one run and
@@ -15,16 +19,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 QUICK=0
+SIM=0
 OUT=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1 ;;
+        --sim) SIM=1 ;;
         --out) OUT=$2; shift ;;
-        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
+if [ $SIM = 1 ]; then
+    OUT=${OUT:-docs/benchmark} exec bash bench/sim.sh
+fi
 [ -n "$OUT" ] || OUT="bench/results/$(date -u +%Y-%m-%d)-$(hostname -s)$([ $QUICK = 1 ] && echo -quick || true)"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)

@@ -1,8 +1,9 @@
 // sim_calibrate.c - measures this machine as a simulated device (the `cpu` entry of
 // common/sim/params.json, measured): the sgemm rate and the read bandwidth of one thread, then
 // the engine's real step times on a model for a set of shapes (decode and prefill steps across
-// adapters, training passes with the optimiser), and fits the device's four overhead figures
-// (launch_us, step_overhead_us, gemm_half_rows, attention_efficiency) so that the simulator's cost
+// adapters, training passes with the optimiser), and fits the device's six efficiency and
+// overhead figures (gemm_efficiency, backward_efficiency, launch_us, step_overhead_us,
+// gemm_half_rows, attention_efficiency) so that the simulator's cost
 // of each shape matches its measurement (least squares of the log ratio, on a grid). Writes a
 // parameter file for MARLAAS_SIM_PARAMS with the device "cpu-measured".
 //
@@ -186,6 +187,27 @@ static void train_shape(rl_runtime_t *rt, int n, int len, int P, int n_adapters,
     free(grads), free(m), free(v), free(q), free(tok), free(w), free(old), free(st);
 }
 
+// GB/s of reading a buffer of `bytes` (a vectorised sum, as bench_read_gbs) over and over on one
+// thread: the bandwidth a model whose weights take that much sees (from the caches when it fits).
+static double read_gbs_of(size_t bytes, double seconds) {
+    size_t n = bytes / sizeof(float) / 64 * 64;
+    if (n < 64) n = 64;
+    float *a = falloc(n);
+    for (size_t i = 0; i < n; i++) a[i] = (float)(i & 7);
+    volatile float sink = 0;
+    double best = 0, t_end = util_now() + seconds;
+    while (util_now() < t_end) {
+        int reps = (int)(((size_t)64 << 20) / (n * sizeof(float))) + 1;
+        double t0 = util_now();
+        for (int r = 0; r < reps; r++) sink += bench_read_sum(a, n);
+        double gbs = (double)reps * n * sizeof(float) / (util_now() - t0) / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    (void)sink;
+    free(a);
+    return best;
+}
+
 static double fit_error(const sim_device_t *d, const hf_config_t *mc, bool print) {
     char err[ERR_LEN];
     sim_opts_t o = {.scale = 1};
@@ -215,14 +237,19 @@ int main(int argc, char **argv) {
     util_threads_init();
     char err[ERR_LEN];
     bench_machine();
-    double flops = bench_sgemm_gflops(512, 512, 512, 1.0) * 1e9, bw = bench_read_gbs(1, 1.0) * 1e9;
-    printf("measured: sgemm %.1f GFLOP/s, read bandwidth %.1f GB/s (%d thread)\n", flops / 1e9, bw / 1e9, util_threads());
     rl_runtime_cfg_t cfg = {.n_slots = 8, .max_seqs = 1024};
     rl_runtime_t *rt = rl_runtime_open(argv[1], &cfg, err);
     if (!rt) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
+    // the read bandwidth of a working set of the model's weights (twice, at least 64 KiB): a
+    // model that fits in the caches streams from them, not from memory
+    size_t wbytes = rt->model->n_params * sizeof(float) * 2;
+    double flops = bench_sgemm_gflops(512, 512, 512, 1.0) * 1e9, bw = read_gbs_of(wbytes < 65536 ? 65536 : wbytes, 1.0) * 1e9,
+           dram = bench_read_gbs(1, 1.0) * 1e9;
+    printf("measured: sgemm %.1f GFLOP/s, read bandwidth %.1f GB/s over %.0f KiB (the weights, twice), %.1f GB/s from memory "
+           "(%d thread)\n", flops / 1e9, bw / 1e9, wbytes / 1024.0, dram / 1e9, util_threads());
     const hf_config_t *mc = &rt->model->cfg;
     peft_config_t pc = {.r = 8, .alpha = 16, .targets = LORA_ALL_TARGETS};
     for (int a = 0; a < 8; a++) {
@@ -232,32 +259,39 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    decode_shape(rt, 1, 20, 1, "decode 1 row, ctx 20");
-    decode_shape(rt, 8, 20, 1, "decode 8 rows");
-    decode_shape(rt, 32, 20, 4, "decode 32 rows, 4 adapters");
-    decode_shape(rt, 128, 20, 8, "decode 128 rows, 8 adapters");
-    decode_shape(rt, 512, 20, 8, "decode 512 rows, 8 adapters");
-    decode_shape(rt, 128, 90, 8, "decode 128 rows, ctx 90");
-    prefill_shape(rt, 8, 16, 1, "prefill 8 x 16");
-    prefill_shape(rt, 32, 16, 8, "prefill 32 x 16, 8 adapters");
-    train_shape(rt, 32, 24, 14, 1, "train 32 x 24, 1 adapter");
-    train_shape(rt, 64, 24, 14, 2, "train 64 x 24, 2 adapters");
-    train_shape(rt, 96, 24, 14, 3, "train 96 x 24, 3 adapters");
+    // shapes of the benchmark's services on this model: decode and prefill steps of one to several
+    // jobs' groups, training passes of one to four jobs' steps (16 prompts x 8 samples of a dozen
+    // tokens each)
+    decode_shape(rt, 1, 14, 1, "decode 1 row, ctx 14");
+    decode_shape(rt, 16, 14, 1, "decode 16 rows");
+    decode_shape(rt, 128, 14, 1, "decode 128 rows, 1 adapter");
+    decode_shape(rt, 512, 14, 4, "decode 512 rows, 4 adapters");
+    decode_shape(rt, 512, 30, 8, "decode 512 rows, ctx 30, 8 adapters");
+    prefill_shape(rt, 16, 12, 1, "prefill 16 x 12");
+    prefill_shape(rt, 64, 12, 4, "prefill 64 x 12, 4 adapters");
+    train_shape(rt, 128, 14, 12, 1, "train 128 x 14, 1 adapter");
+    train_shape(rt, 256, 14, 12, 2, "train 256 x 14, 2 adapters");
+    train_shape(rt, 512, 16, 12, 4, "train 512 x 16, 4 adapters");
+    train_shape(rt, 128, 30, 12, 1, "train 128 x 30, 1 adapter");
     // the grid: the four overhead figures
     sim_device_t d = {.name = "cpu-measured", .flops = flops, .bandwidth = bw, .memory = 8e9, .link_bandwidth = 5e9,
-                      .weight_bytes = 4, .gemm_efficiency = 1.0, .bandwidth_efficiency = 1.0, .activation_reserve = 0.08};
+                      .weight_bytes = 4, .gemm_efficiency = 1.0, .bandwidth_efficiency = 1.0, .activation_reserve = 0.08,
+                      .host_overlap = 0};
     sim_device_t best = d;
     double best_e = INFINITY;
-    for (double lu = 0.05; lu < 40; lu *= 1.4)
-        for (double su = 0; su < 800; su = su < 1 ? 2 : su * 1.5)
-            for (double hr = 1; hr <= 512; hr *= 2)
-                for (double ae = 0.002; ae <= 0.6; ae *= 1.8) {
-                    d.launch_s = lu * 1e-6, d.step_overhead_s = su * 1e-6, d.gemm_half_rows = hr, d.attention_efficiency = ae;
-                    double e = fit_error(&d, mc, false);
-                    if (e < best_e) best_e = e, best = d;
-                }
-    printf("fit: launch %.2f us, step overhead %.1f us, gemm_half_rows %.0f, attention efficiency %.3f (rms log error %.3f)\n",
-           best.launch_s * 1e6, best.step_overhead_s * 1e6, best.gemm_half_rows, best.attention_efficiency,
+    for (double be = 0.5; be <= 1.0; be += 0.05)
+    for (double ge = 0.02; ge <= 1.0; ge *= 1.5)
+        for (double lu = 0.01; lu < 40; lu *= 1.6)
+            for (double su = 0; su < 800; su = su < 1 ? 2 : su * 1.8)
+                for (double hr = 0.25; hr <= 512; hr *= 4)
+                    for (double ae = 0.002; ae <= 0.6; ae *= 2) {
+                        d.backward_efficiency = be, d.gemm_efficiency = ge, d.launch_s = lu * 1e-6, d.step_overhead_s = su * 1e-6, d.gemm_half_rows = hr;
+                        d.attention_efficiency = ae;
+                        double e = fit_error(&d, mc, false);
+                        if (e < best_e) best_e = e, best = d;
+                    }
+    printf("fit: backward efficiency %.2f, gemm efficiency %.3f, launch %.2f us, step overhead %.1f us, gemm_half_rows %.2f, attention efficiency %.3f "
+           "(rms log error %.3f)\n", best.backward_efficiency, best.gemm_efficiency, best.launch_s * 1e6, best.step_overhead_s * 1e6, best.gemm_half_rows, best.attention_efficiency,
            sqrt(best_e / n_shapes));
     fit_error(&best, mc, true);
     FILE *f = fopen(argv[2], "w");
@@ -267,12 +301,13 @@ int main(int argc, char **argv) {
     }
     fprintf(f, "{\"devices\": {\"cpu-measured\": {\"description\": \"this machine, one engine thread, fp32 (measured)\",\n"
                " \"flops\": %.6g, \"bandwidth\": %.6g, \"memory\": 8e9, \"link_bandwidth\": 5e9, \"weight_bytes\": 4,\n"
-               " \"gemm_efficiency\": 1.0, \"bandwidth_efficiency\": 1.0, \"activation_reserve\": 0.08,\n"
+               " \"gemm_efficiency\": %.4g, \"backward_efficiency\": %.4g, \"bandwidth_efficiency\": 1.0,\n"
+               " \"activation_reserve\": 0.08, \"host_overlap\": 0,\n"
                " \"launch_us\": %.4g, \"step_overhead_us\": %.4g, \"gemm_half_rows\": %.4g, \"attention_efficiency\": %.4g,\n"
                " \"link_latency_us\": 0,\n"
-               " \"source\": \"marlaas-sim-calibrate %s: sgemm and read bandwidth of one thread measured; the four overheads "
-               "fitted to %d engine steps and training passes measured on this machine (rms log error %.3f)\"}}}\n",
-            best.flops, best.bandwidth, best.launch_s * 1e6, best.step_overhead_s * 1e6, best.gemm_half_rows,
+               " \"source\": \"marlaas-sim-calibrate %s: sgemm and read bandwidth of one thread measured; "
+               "the efficiencies and overheads fitted to %d engine steps and training passes measured on this machine (rms log error %.3f)\"}}}\n",
+            best.flops, best.bandwidth, best.gemm_efficiency, best.backward_efficiency, best.launch_s * 1e6, best.step_overhead_s * 1e6, best.gemm_half_rows,
             best.attention_efficiency, argv[1], n_shapes, sqrt(best_e / n_shapes));
     fclose(f);
     for (int i = 0; i < n_shapes; i++) free(shapes[i].q);

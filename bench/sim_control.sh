@@ -6,18 +6,19 @@
 # simulated cluster, `marlaas bench-api` creates the tenants, submits the jobs (timed) and
 # queries the API at 50 calls/s while they run (timed); the rollouts' task counters give tasks
 # per second, Redis's own counters commands per second and memory per job, the services' CPU
-# seconds what saturates; then the scheduler is restarted with every job in Redis and the time
-# until it is ready again is measured. Writes OUT/sim_control.csv.
+# seconds what saturates; then as many long jobs again are submitted (running) and the scheduler
+# is restarted with all of them in Redis: the time until it is ready again. Writes OUT/sim_control.csv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$1 WORK=$2
 source tests/integration/lib.sh
 : "${CONTROL_CONFIGS:=250 50 16 4,500 100 32 8,1000 200 64 16}"
 D=$WORK/control
+export KEEP_LOGS=$D/logs   # each cluster's logs (lib.sh cluster_down)
 rm -rf "$D"
 mkdir -p "$D"
 HZ=$(getconf CLK_TCK)
-echo "jobs,tenants,rollouts,verifiers,tasks_per_s,p50_ms,p99_ms,submit_p99_ms,redis_cmds_per_s,redis_bytes_per_job,restart_s,end_s,saturated" > "$OUT/sim_control.csv"
+echo "jobs,tenants,rollouts,verifiers,tasks_per_s,p50_ms,p99_ms,submit_p99_ms,redis_cmds_per_s,redis_bytes_per_job,restart_s,restored,end_s,saturated" > "$OUT/sim_control.csv"
 cpu_of() {   # CPU-seconds of every process of a service
     local s=0 p
     for p in $(awk -v n="$1" '$1 == n {print $2}' "$RUN/pids"); do
@@ -55,16 +56,20 @@ for cfg in "${CONFIGS[@]}"; do
     for k in $(redis-cli -p "$REDIS_PORT" --scan --pattern '*svc:rollout:*'); do
         tasks=$((tasks + $(redis-cli -p "$REDIS_PORT" --raw hget "$k" tasks || echo 0)))
     done
-    # the scheduler restarted with every job in Redis: until it is ready again
+    # the scheduler restarted with every job in Redis, as many again running (long jobs, submitted
+    # now): until it is ready again
+    long='{"task": "sim-easy", "max_steps": 100000, "prompts": 2, "group": 4, "max_new": 32, "eval_every": 0}'
+    "$M" bench-api --jobs "$JOBS" --tenants "$TENANTS" --prefix long --timeout 1 --spec "$long" > /dev/null 2>&1 || true
     svc_stop scheduler
     r0=$EPOCHREALTIME
     svc_start scheduler
     restart=$(awk -v a="$r0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.3f", b - a}')
     restored=$(grep -ho "[0-9]* jobs restored" "$SVC_LOG" | head -n 1)
+    restored_n=${restored%% *}
     cluster_down
     tail -n 1 "$D/api-$JOBS.csv" | awk -F, -v j="$JOBS" -v t="$TENANTS" -v r="$R" -v v="$V" -v tasks="$tasks" -v dt="$dt" \
-        -v c0="$cmd0" -v c1="$cmd1" -v m0="$mem0" -v m1="$mem1" -v rs="$restart" -v sat="$sat" '
-        NF >= 10 {printf "%d,%d,%d,%d,%.1f,%.3f,%.3f,%.3f,%.0f,%.0f,%s,%.1f,%s\n", j, t, r, v, tasks / $8, $5, $6, $4,
-                  (c1 - c0) / dt, (m1 - m0) / j, rs, $8, sat}' >> "$OUT/sim_control.csv"
+        -v c0="$cmd0" -v c1="$cmd1" -v m0="$mem0" -v m1="$mem1" -v rs="$restart" -v sat="$sat" -v rn="${restored_n:-0}" '
+        NF >= 10 {printf "%d,%d,%d,%d,%.1f,%.3f,%.3f,%.3f,%.0f,%.0f,%s,%s,%.1f,%s\n", j, t, r, v, tasks / $8, $5, $6, $4,
+                  (c1 - c0) / dt, (m1 - m0) / j, rs, rn, $8, sat}' >> "$OUT/sim_control.csv"
     echo "control $cfg: $(tail -n 1 "$OUT/sim_control.csv") ($restored)" >&2
 done

@@ -30,12 +30,13 @@ static double pct(double *v, int n, double p) {
 
 int cmd_bench_api(int argc, char **argv) {
     long jobs = 100, tenants = 20, rate = 50, timeout = 1800;
-    const char *spec_txt = NULL;
+    const char *spec_txt = NULL, *prefix = "bench";
     static struct option lo[] = {{"jobs", required_argument, 0, 'j'},   {"tenants", required_argument, 0, 't'},
                                  {"spec", required_argument, 0, 's'},   {"rate", required_argument, 0, 'r'},
                                  {"timeout", required_argument, 0, 'T'}, {"help", no_argument, 0, 'h'},
+                                 {"prefix", required_argument, 0, 'p'},
                                  {0}};
-    const char *usage = "marlaas bench-api --spec JSON [--jobs 100] [--tenants 20] [--rate 50] [--timeout 1800]\n"
+    const char *usage = "marlaas bench-api --spec JSON [--jobs 100] [--tenants 20] [--rate 50] [--timeout 1800] [--prefix bench]\n"
                         "  (the admin token and API of the local cluster, or MARLAAS_ADMIN_TOKEN / MARLAAS_API)";
     int c;
     optind = 1;
@@ -50,6 +51,8 @@ int cmd_bench_api(int argc, char **argv) {
             if (cli_int("--timeout", optarg, 1, 86400, &timeout)) return 2;
         } else if (c == 's') {
             spec_txt = optarg;
+        } else if (c == 'p') {
+            prefix = optarg;
         } else {
             printf("usage: %s\n", usage);
             return c == 'h' ? 0 : 2;
@@ -72,8 +75,8 @@ int cmd_bench_api(int argc, char **argv) {
     int fails = 0, rc = 1;
     for (long t = 0; t < tenants; t++) {
         proto_args_t a = {0};
-        char name[32];
-        snprintf(name, sizeof name, "bench%ld", t);
+        char name[40];
+        snprintf(name, sizeof name, "%.20s%ld", prefix, t);
         proto_args_str(&a, "name", name);
         proto_rep_t rep;
         if (client_call(admin, "tenant_create", &a, &rep, err)) {

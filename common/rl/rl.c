@@ -19,13 +19,6 @@ static int cfg_defaults(const rl_runtime_cfg_t *c, const model_t *m, rl_runtime_
     return rl_serving_cfg(&m->cfg, c, d, err);
 }
 
-int rl_sim_kv_blocks(const sim_t *sim, const hf_config_t *mc, int n_slots, char *err) {
-    peft_config_t pc = {.r = 16, .alpha = 16, .targets = LORA_ALL_TARGETS};
-    int64_t blocks = sim_kv_blocks(sim, 16, n_slots, (double)lora_param_count(mc, &pc), err);
-    if (blocks < 0) return -1;
-    return blocks > INT_MAX / 16 ? INT_MAX / 16 : (int)blocks;
-}
-
 rl_runtime_t *rl_runtime_wrap(model_t **model, tokenizer_t **tok, const rl_runtime_cfg_t *cfg, char *err) {
     rl_runtime_t *rt = xcalloc(1, sizeof *rt);
     rt->model = *model, *model = NULL;

@@ -4,6 +4,7 @@
 #include "common/rl/rl.h"
 
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,4 +164,12 @@ void rl_wilson(int k, int n, double *lo, double *hi) {
     double h = z * sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / den;
     *lo = c - h < 0.0 ? 0.0 : c - h;
     *hi = c + h > 1.0 ? 1.0 : c + h;
+}
+
+// In this file, not rl.c: the scheduler sizes a simulated rollout's cache and links no engine.
+int rl_sim_kv_blocks(const sim_t *sim, const hf_config_t *mc, int n_slots, char *err) {
+    peft_config_t pc = {.r = 16, .alpha = 16, .targets = LORA_ALL_TARGETS};
+    int64_t blocks = sim_kv_blocks(sim, 16, n_slots, (double)lora_param_count(mc, &pc), err);
+    if (blocks < 0) return -1;
+    return blocks > INT_MAX / 16 ? INT_MAX / 16 : (int)blocks;
 }

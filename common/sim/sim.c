@@ -125,7 +125,7 @@ static int device_read(const cJSON *dev, sim_device_t *d, char *err) {
     static const char *keys[] = {"description", "source", "flops", "bandwidth", "memory", "link_bandwidth",
                                  "weight_bytes", "gemm_efficiency", "gemm_half_rows", "bandwidth_efficiency",
                                  "attention_efficiency", "launch_us", "step_overhead_us", "link_latency_us",
-                                 "activation_reserve"};
+                                 "activation_reserve", "backward_efficiency", "host_overlap"};
     const cJSON *f;
     cJSON_ArrayForEach(f, dev) {
         bool known = false;
@@ -144,7 +144,9 @@ static int device_read(const cJSON *dev, sim_device_t *d, char *err) {
         number(dev, "attention_efficiency", false, &d->attention_efficiency, err) ||
         number(dev, "launch_us", false, &launch_us, err) || number(dev, "step_overhead_us", false, &step_us, err) ||
         number(dev, "link_latency_us", false, &lat_us, err) ||
-        number(dev, "activation_reserve", false, &d->activation_reserve, err))
+        number(dev, "activation_reserve", false, &d->activation_reserve, err) ||
+        number(dev, "backward_efficiency", false, &d->backward_efficiency, err) ||
+        number(dev, "host_overlap", false, &d->host_overlap, err))
         return -1;
     if (!(d->flops > 0 && d->bandwidth > 0 && d->memory > 0 && d->link_bandwidth > 0))
         return err_set(err, "device %s: flops, bandwidth, memory and link_bandwidth must be > 0", d->name);
@@ -152,6 +154,7 @@ static int device_read(const cJSON *dev, sim_device_t *d, char *err) {
         return err_set(err, "device %s: weight_bytes must be 2 (bf16) or 4 (fp32)", d->name);
     if (!(d->gemm_efficiency > 0 && d->gemm_efficiency <= 1 && d->bandwidth_efficiency > 0 &&
           d->bandwidth_efficiency <= 1 && d->attention_efficiency > 0 && d->attention_efficiency <= 1 &&
+          d->backward_efficiency > 0 && d->backward_efficiency <= 1 && (d->host_overlap == 0 || d->host_overlap == 1) &&
           d->activation_reserve < 1))
         return err_set(err, "device %s: efficiencies must be in (0, 1] and activation_reserve below 1", d->name);
     d->launch_s = launch_us * 1e-6;
@@ -300,11 +303,12 @@ static double pass_cost(const sim_t *s, const sim_seq_t *seqs, int n, bool train
         att_bytes += ((p + nn) * 2.0 * KVd + nn * 2.0 * Qd) * wb;
     }
     if (T <= 0) return 0.0;
-    double bwd = train ? 2.0 : 1.0;   // the frozen base's input gradients: the GEMMs once more
-    double layer = bwd * (gemm(d, T, Qd + 2 * KVd, D) + gemm(d, T, D, Qd) + gemm(d, T, 2 * F, D) + gemm(d, T, D, F));
+    // forward; training adds the backward: the frozen base's input gradients (the GEMMs once
+    // more), attention 2.5x its forward, LoRA twice its forward, the element-wise ops once more,
+    // the head's input gradient, all at the device's backward_efficiency
+    double gemms = gemm(d, T, Qd + 2 * KVd, D) + gemm(d, T, D, Qd) + gemm(d, T, 2 * F, D) + gemm(d, T, D, F);
     double ta = att_flops / (d->flops * d->attention_efficiency), tb = att_bytes / (d->bandwidth * d->bandwidth_efficiency);
-    layer += (train ? 3.5 : 1.0) * ((ta > tb ? ta : tb) + d->launch_s);
-    layer += bwd * stream(d, T * (8 * D + 3 * F + 2 * Qd + 2 * KVd) * wb, 6);
+    double att = (ta > tb ? ta : tb) + d->launch_s, elem = stream(d, T * (8 * D + 3 * F + 2 * Qd + 2 * KVd) * wb, 6);
     // multi-LoRA: each adapter's rows through shrink and expand, one launch per target and kind
     // (the adapters of the batch: their slots, ranks, targets and rows, in order of appearance)
     enum { MAX_SEG = 512 };
@@ -332,9 +336,11 @@ static double pass_cost(const sim_t *s, const sim_seq_t *seqs, int n, bool train
             }
     for (int t = 0; t < 7; t++)
         if (any >> t & 1) lora += 2 * d->launch_s;
-    layer += (train ? 3.0 : 1.0) * lora;
-    double head = bwd * gemm(d, R, V, D) + stream(d, R * V * 4.0, 1) + stream(d, (T + R) * D * wb, 2);
-    return L * layer + head;
+    double hg = gemm(d, R, V, D), fwd = L * (gemms + att + elem + lora) + hg + stream(d, R * V * 4.0, 1) +
+                                        stream(d, (T + R) * D * wb, 2);
+    if (!train) return fwd;
+    double back = L * (gemms + 2.5 * att + elem + 2.0 * lora) + hg;
+    return fwd + back / d->backward_efficiency;
 }
 
 double sim_cost(const sim_t *s, const sim_seq_t *seqs, int n, sim_mode_t mode, int n_adapters, double adapter_params) {
@@ -399,7 +405,7 @@ void sim_wait(sim_t *s, double dt) {
     // thread's CPU time, plus how late the last sleep woke up) overlapped the device's time, as a
     // GPU runtime's asynchronous launches do: the step counts as issued that much before now.
     double now = mono(), cpu = thread_cpu();
-    double host = (s->cpu_mark > 0 ? cpu - s->cpu_mark : 0.0) + s->late;
+    double host = (s->d.host_overlap > 0 && s->cpu_mark > 0 ? cpu - s->cpu_mark : 0.0) + s->late;
     double start = now - host;
     if (start < s->deadline) start = s->deadline;
     double end = start + dt / s->scale;

@@ -9,7 +9,8 @@
 //   multi-LoRA: per adapter of the batch, shrink and expand GEMMs of its rows (its own weights read);
 //   norms, RoPE, activation, residuals: their bytes; the LM head on the rows that need logits;
 //   plus step_overhead per step (host work), and for training the backward (the frozen base's
-//   input gradients only: as many GEMM FLOPs again; attention 2.5x its forward) and the
+//   input gradients only: as many GEMM FLOPs again; attention 2.5x its forward; LoRA 2x; all at
+//   the device's backward_efficiency, 1 unless measured otherwise) and the
 //   optimiser over the adapters (16 bytes per parameter). A trainer of D devices splits a pass's
 //   tokens over them and all-reduces the adapters' gradients (ring: 2 (D-1)/D of the bytes over
 //   link_bandwidth, plus link_latency per device).
@@ -41,8 +42,10 @@ typedef struct {
     double memory;           // bytes
     double link_bandwidth;   // between devices, bytes/s each way
     double weight_bytes;     // bytes per weight and per KV element (2: bf16)
-    double gemm_efficiency, gemm_half_rows, bandwidth_efficiency, attention_efficiency;
+    double gemm_efficiency, gemm_half_rows, bandwidth_efficiency, attention_efficiency, backward_efficiency;
     double launch_s, step_overhead_s, link_latency_s, activation_reserve;
+    double host_overlap;     // 1: the host's work between steps overlaps the device's (asynchronous
+                             // launches, a GPU); 0: it adds to it (the CPU computes both)
 } sim_device_t;
 
 // Length distribution of completions: lognormal (median, sigma) in tokens, fixed, or uniform;
@@ -95,9 +98,10 @@ typedef enum { SIM_INFER = 0, SIM_TRAIN = 1 } sim_mode_t;
 // on the device.
 double sim_cost(const sim_t *s, const sim_seq_t *seqs, int n, sim_mode_t mode, int n_adapters,
                 double adapter_params);
-// Counts d modelled seconds and sleeps d / scale, less the calling thread's CPU time since its last
-// sim_wait (its host work overlaps the device's time, as asynchronous launches on a GPU do; host
-// work longer than the step still shows). One thread per sim_t.
+// Counts d modelled seconds and sleeps d / scale, less (on a device with host_overlap) the calling
+// thread's CPU time since its last sim_wait (its host work overlaps the device's time, as
+// asynchronous launches on a GPU do; host work longer than the step still shows). One thread per
+// sim_t.
 void sim_wait(sim_t *s, double d);
 // Host CPU seconds sim_wait took off its sleeps.
 double sim_hidden_seconds(const sim_t *s);
