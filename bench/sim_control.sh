@@ -18,7 +18,7 @@ export KEEP_LOGS=$D/logs   # each cluster's logs (lib.sh cluster_down)
 rm -rf "$D"
 mkdir -p "$D"
 HZ=$(getconf CLK_TCK)
-echo "jobs,tenants,rollouts,verifiers,tasks_per_s,p50_ms,p99_ms,submit_p99_ms,redis_cmds_per_s,redis_bytes_per_job,restart_s,restored,end_s,saturated" > "$OUT/sim_control.csv"
+echo "jobs,tenants,rollouts,verifiers,tasks_per_s,p50_ms,p99_ms,submit_p99_ms,redis_cmds_per_s,redis_bytes_per_job,restart_s,restored,end_s,trainer_full,saturated" > "$OUT/sim_control.csv"
 cpu_of() {   # CPU-seconds of every process of a service
     local s=0 p
     for p in $(awk -v n="$1" '$1 == n {print $2}' "$RUN/pids"); do
@@ -45,12 +45,8 @@ for cfg in "${CONFIGS[@]}"; do
     t1=$EPOCHREALTIME
     dt=$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')
     cmd1=$(redis_info stats total_commands_processed) mem1=$(redis_info memory used_memory)
-    sat="" best=0
-    for s in scheduler redis verifier trainer rollout; do
-        c=$(awk -v a="${C0[$s]}" -v b="$(cpu_of "$s")" -v t="$dt" 'BEGIN {printf "%.3f", (b - a) / t}')
-        sat="$sat $s=$c"
-    done
-    sat=$(echo "$sat" | tr ' ' '\n' | sed '/^$/d' | sort -t= -k2 -gr | head -n 3 | paste -sd' ')
+    declare -A C1
+    for s in scheduler redis verifier trainer rollout; do C1[$s]=$(cpu_of "$s"); done
     sleep 1.2
     tasks=0
     for k in $(redis-cli -p "$REDIS_PORT" --scan --pattern '*svc:rollout:*'); do
@@ -67,9 +63,27 @@ for cfg in "${CONFIGS[@]}"; do
     restored=$(grep -ho "[0-9]* jobs restored" "$SVC_LOG" | head -n 1)
     restored_n=${restored%% *}
     cluster_down
+    # the end of the measured jobs: the scheduler's last "status done" before the long jobs came
+    # (bench-api sees each end only when its round of queries reaches the job)
+    slog=$(ls -td "$KEEP_LOGS"/* | head -n 1)/scheduler.log
+    refused=$(grep -c "batch not used: trainer holds" "$(dirname "$slog")/trainer.log" || true)
+    end=$(awk -v t0="$t0" '
+        function logt(ts,   d, c, e, cmd) {
+            split(ts, d, "T"); split(d[2], c, ":"); sub("Z", "", c[3])
+            if (!(d[1] in day)) {cmd = "date -u -d " d[1] " +%s"; cmd | getline e; close(cmd); day[d[1]] = e}
+            return day[d[1]] + c[1] * 3600 + c[2] * 60 + c[3] - t0
+        }
+        / status (done|failed|cancelled)/ {n++; if (n <= '"$JOBS"') e = logt($1)} END {printf "%.2f", e}' "$slog")
+    # CPU cores each kind of process used while the jobs ran (its CPU-seconds over that time)
+    sat=""
+    for s in scheduler redis verifier trainer rollout; do
+        sat="$sat $s=$(awk -v a="${C0[$s]}" -v b="${C1[$s]}" -v t="$end" 'BEGIN {printf "%.3f", (b - a) / t}')"
+    done
+    sat=$(echo "$sat" | tr ' ' '\n' | sed '/^$/d' | sort -t= -k2 -gr | head -n 3 | paste -sd' ')
     tail -n 1 "$D/api-$JOBS.csv" | awk -F, -v j="$JOBS" -v t="$TENANTS" -v r="$R" -v v="$V" -v tasks="$tasks" -v dt="$dt" \
-        -v c0="$cmd0" -v c1="$cmd1" -v m0="$mem0" -v m1="$mem1" -v rs="$restart" -v sat="$sat" -v rn="${restored_n:-0}" '
-        NF >= 10 {printf "%d,%d,%d,%d,%.1f,%.3f,%.3f,%.3f,%.0f,%.0f,%s,%s,%.1f,%s\n", j, t, r, v, tasks / $8, $5, $6, $4,
-                  (c1 - c0) / dt, (m1 - m0) / j, rs, rn, $8, sat}' >> "$OUT/sim_control.csv"
+        -v c0="$cmd0" -v c1="$cmd1" -v m0="$mem0" -v m1="$mem1" -v rs="$restart" -v sat="$sat" -v rn="${restored_n:-0}" \
+        -v end="$end" -v full="${refused:-0}" '
+        NF >= 10 {printf "%d,%d,%d,%d,%.1f,%.3f,%.3f,%.3f,%.0f,%.0f,%s,%s,%.1f,%s,%s\n", j, t, r, v, tasks / end, $5, $6, $4,
+                  (c1 - c0) / end, (m1 - m0) / j, rs, rn, end, full, sat}' >> "$OUT/sim_control.csv"
     echo "control $cfg: $(tail -n 1 "$OUT/sim_control.csv") ($restored)" >&2
 done

@@ -107,13 +107,13 @@ if ctl:
     L += ["## Control plane", "",
           "Simulated compute (nothing computed), so the scheduler, Redis, the API and the sockets are what is "
           "measured: jobs of many tenants on many rollout and verifier processes on this machine.", "",
-          "| jobs | tenants | rollouts | verifiers | tasks/s | API p50 (ms) | API p99 (ms) | submit p99 (ms) | Redis cmds/s | Redis bytes per job | scheduler restart (s) (running jobs restored) | all ended (s) | CPU cores used (top 3) |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| jobs | tenants | rollouts | verifiers | tasks/s | API p50 (ms) | API p99 (ms) | submit p99 (ms) | Redis cmds/s | Redis bytes per job | scheduler restart (s) (running jobs restored) | all ended (s) | batches the full trainer refused | CPU cores used (top 3) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     best = None
     for r in ctl:
         L.append(f"| {r['jobs']} | {r['tenants']} | {r['rollouts']} | {r['verifiers']} | {f(r['tasks_per_s'])} | "
                  f"{f(r['p50_ms'], 2)} | {f(r['p99_ms'], 2)} | {f(r['submit_p99_ms'], 2)} | {f(r['redis_cmds_per_s'], 0)} | "
-                 f"{f(r['redis_bytes_per_job'], 0)} | {f(r['restart_s'], 2)} ({r['restored']}) | {f(r['end_s'])} | {r['saturated']} |")
+                 f"{f(r['redis_bytes_per_job'], 0)} | {f(r['restart_s'], 2)} ({r['restored']}) | {f(r['end_s'])} | {r.get('trainer_full', '')} | {r['saturated']} |")
         if float(r["p99_ms"]) < 100 and (best is None or int(r["jobs"]) > int(best["jobs"])):
             best = r
     L.append("")

@@ -55,7 +55,10 @@ double policy_tenant_start_vtime(const policy_job_t *jobs, int n, double own) {
 
 bool policy_sync_full(sched_policy_t p, int in_flight, int prompts) { return p == POLICY_SYNC && in_flight >= prompts; }
 
-bool policy_admit(sched_policy_t p, int running) { return p != POLICY_SYNC || running == 0; }
+bool policy_admit(sched_policy_t p, int running, int max_running) {
+    if (p == POLICY_SYNC) return running == 0;
+    return max_running <= 0 || running < max_running;
+}
 
 bool policy_stale(uint32_t current, uint32_t sampled, int staleness) {
     // a version the trainer has not published yet is no version of this job (a forged or

@@ -94,8 +94,9 @@ double policy_start_vtime(const policy_job_t *jobs, int n, int tenant);
 double policy_tenant_start_vtime(const policy_job_t *jobs, int n, double own);
 // Sync policy: true once a step's worth (B groups) is in flight; the job then waits for its step.
 bool policy_sync_full(sched_policy_t p, int in_flight, int prompts);
-// Whether a queued job is admitted while `running` jobs run.
-bool policy_admit(sched_policy_t p, int running);
+// Whether a queued job is admitted while `running` jobs run: async while fewer than max_running
+// run (0: no bound), sync while none runs.
+bool policy_admit(sched_policy_t p, int running, int max_running);
 // A group sampled with adapter version `sampled` may not train version `current`: more than
 // `staleness` versions old, or newer than `current` (never published, so never sampled).
 bool policy_stale(uint32_t current, uint32_t sampled, int staleness);

@@ -9,7 +9,8 @@ static const char *HELP =
     "Schedules jobs. Binds --api (ROUTER), the port of --work (PUSH, rollout tasks), --events (PUB)\n"
     "and --reports (PULL). --policy async (all jobs at once) or sync (one job, one stage at a time).\n"
     "extras: --set lease_s=60 --set train_lease_s=60 --set chunk=8\n"
-    "        --set max_context=N --set kv_mb=N (those of the rollouts: job specs are checked against them)";
+    "        --set max_context=N --set kv_mb=N (those of the rollouts: job specs are checked against them)\n"
+    "        --set max_running=N (async: jobs running at once, the rest queued; at or below the trainer's max_jobs)";
 
 int main(int argc, char **argv) {
     svc_t s;

@@ -577,12 +577,12 @@ int sched_export(sched_t *s) {
 
 void sched_tick(sched_t *s) {
     double now = util_now();
-    // admit queued jobs: all of them (async), one at a time (sync)
+    // admit queued jobs: all of them (async; up to max_running), one at a time (sync)
     int running = 0;
     for (int i = 0; i < s->n_jobs; i++) running += s->jobs[i]->state == JS_RUNNING;
     for (int i = 0; i < s->n_jobs; i++) {
         sjob_t *j = s->jobs[i];
-        if (j->state != JS_QUEUED || !policy_admit(s->cfg.policy, running)) continue;
+        if (j->state != JS_QUEUED || !policy_admit(s->cfg.policy, running, s->cfg.max_running)) continue;
         set_state(s, j, JS_RUNNING, NULL);
         // the training lease counts from admission: a job that waited in the queue (sync policy)
         // has had no chance to step yet

@@ -23,6 +23,8 @@ typedef struct {
     double lease_s;          // a task not verified within this time is issued again
     double train_lease_s;    // groups at the trainer with no step for this long count as lost
     int chunk;               // prompts per rollout task
+    int max_running;         // async: jobs running at once, the rest queued in order (0: no bound);
+                             // at or below the trainer's job capacity (its max_jobs)
 } sched_cfg_t;
 
 sched_t *sched_new(store_t *st, zsock_t *work, const hf_config_t *model, const sched_cfg_t *cfg, char *err);

@@ -32,7 +32,8 @@ int scheduler_settings(const svc_t *s, sched_cfg_t *cfg, const char **admin) {
     *cfg = (sched_cfg_t){.policy = strcmp(pol, "sync") ? POLICY_ASYNC : POLICY_SYNC,
                          .lease_s = atof(svc_extra(s, "lease_s", "60")),
                          .train_lease_s = atof(svc_extra(s, "train_lease_s", "60")),
-                         .chunk = atoi(svc_extra(s, "chunk", "8"))};
+                         .chunk = atoi(svc_extra(s, "chunk", "8")),
+                         .max_running = atoi(svc_extra(s, "max_running", "0"))};
     *admin = svc_get(s, SVC_ADMIN_TOKEN);
     if (*admin && !strcmp(*admin, "replace-with-a-random-token")) {
         // the placeholder of the Kubernetes base (deploy/k8s/base/config.yaml) is public

@@ -251,7 +251,7 @@ static tjob_t *load(tjobs_t *t, const char *id, char *err) {
         slot = victim;
     }
     if (slot < 0) {
-        err_set(err, "trainer holds %d jobs with pending data; raise --set max_jobs", t->cfg.max_jobs);
+        err_set(err, "trainer holds %d jobs with pending data; raise --set max_jobs, or keep the scheduler's running jobs below it (--set max_running)", t->cfg.max_jobs);
         return NULL;
     }
     char key[256], *spec = NULL, *ver = NULL, *step = NULL, *tenant = NULL;

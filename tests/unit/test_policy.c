@@ -225,10 +225,14 @@ Test(policy, sync_issues_one_batch_then_waits_for_the_step) {
 }
 
 Test(policy, admission_async_all_sync_one_at_a_time) {
-    cr_assert(policy_admit(POLICY_ASYNC, 0));
-    cr_assert(policy_admit(POLICY_ASYNC, 7));
-    cr_assert(policy_admit(POLICY_SYNC, 0));
-    cr_assert_not(policy_admit(POLICY_SYNC, 1));
+    cr_assert(policy_admit(POLICY_ASYNC, 0, 0));
+    cr_assert(policy_admit(POLICY_ASYNC, 7, 0));
+    cr_assert(policy_admit(POLICY_SYNC, 0, 0));
+    cr_assert_not(policy_admit(POLICY_SYNC, 1, 0));
+    // a bound on running jobs (the trainer's capacity): async admits up to it, sync stays one
+    cr_assert(policy_admit(POLICY_ASYNC, 47, 48));
+    cr_assert_not(policy_admit(POLICY_ASYNC, 48, 48));
+    cr_assert_not(policy_admit(POLICY_SYNC, 1, 48));
 }
 
 Test(policy, staleness_bound) {
