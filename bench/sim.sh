@@ -61,6 +61,6 @@ if has sweeps; then
     echo "sweeps: done ($(( $(date +%s) - T_START )) s)" >&2
 fi
 if has calibration; then bash bench/sim_calibrate.sh "$OUT" "$WORK"; fi
-if has control; then CONTROL_CONFIGS=${CONTROL_CONFIGS:-250 50 16 4,1000 200 64 16} bash bench/sim_control.sh "$OUT" "$WORK"; fi
+if has control; then CONTROL_CONFIGS=${CONTROL_CONFIGS:-250 50 16 4,1000 200 64 16,1000 200 64 16 48,2000 400 128 16} bash bench/sim_control.sh "$OUT" "$WORK"; fi
 python3 bench/sim_report.py "$OUT" "$machine" "$STEPS" "$SCALE"
 echo "sim.sh: $(( $(date +%s) - T_START )) s; report in $OUT/sim.md" >&2

@@ -42,6 +42,22 @@ static double median(double *v, int n) {
     return v[n / 2];
 }
 
+// An inference shape measured: n sequences of n_new rows after past positions, each needing one
+// row of logits, adapters spread over n_adapters slots.
+static void infer_shape(rl_runtime_t *rt, const char *name, int n, int n_new, int past, int n_adapters, double measured) {
+    shape_t *s = &shapes[n_shapes++];
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->mode = SIM_INFER;
+    s->n = n;
+    s->q = xcalloc((size_t)n, sizeof(sim_seq_t));
+    for (int i = 0; i < n; i++) {
+        const lora_t *a = n_adapters ? lora_pool_get(rt->pool, i % n_adapters) : NULL;
+        s->q[i] = (sim_seq_t){.n_new = n_new, .past = past, .n_logits = 1, .slot = a ? i % n_adapters : -1,
+                              .rank = a ? a->cfg.r : 0, .targets = a ? a->cfg.targets : 0};
+    }
+    s->measured = measured;
+}
+
 // n sequences of ctx tokens each in the cache, then REPS decode steps of one row per sequence
 // (sampling included, as the generator's step), the sequences cut back to ctx after each.
 static void decode_shape(rl_runtime_t *rt, int n, int ctx, int n_adapters, const char *name) {
@@ -81,17 +97,7 @@ static void decode_shape(rl_runtime_t *rt, int n, int ctx, int n_adapters, const
         for (int i = 0; i < n; i++) kvcache_seq_truncate(rt->kc, seq[i], ctx);
     }
     for (int i = 0; i < n; i++) kvcache_seq_free(rt->kc, seq[i]);
-    shape_t *s = &shapes[n_shapes++];
-    snprintf(s->name, sizeof s->name, "%s", name);
-    s->mode = SIM_INFER;
-    s->n = n;
-    s->q = xcalloc((size_t)n, sizeof(sim_seq_t));
-    for (int i = 0; i < n; i++) {
-        const lora_t *a = n_adapters ? lora_pool_get(rt->pool, i % n_adapters) : NULL;
-        s->q[i] = (sim_seq_t){.n_new = 1, .past = ctx, .n_logits = 1, .slot = a ? i % n_adapters : -1,
-                              .rank = a ? a->cfg.r : 0, .targets = a ? a->cfg.targets : 0};
-    }
-    s->measured = median(t, REPS);
+    infer_shape(rt, name, n, 1, ctx, n_adapters, median(t, REPS));
     free(seq), free(rows), free(tok), free(temp), free(top_k), free(out);
 }
 
@@ -118,17 +124,7 @@ static void prefill_shape(rl_runtime_t *rt, int n, int len, int n_adapters, cons
         t[r] = util_now() - t0;
         for (int i = 0; i < n; i++) kvcache_seq_free(rt->kc, rows[i].kv_seq);
     }
-    shape_t *s = &shapes[n_shapes++];
-    snprintf(s->name, sizeof s->name, "%s", name);
-    s->mode = SIM_INFER;
-    s->n = n;
-    s->q = xcalloc((size_t)n, sizeof(sim_seq_t));
-    for (int i = 0; i < n; i++) {
-        const lora_t *a = n_adapters ? lora_pool_get(rt->pool, i % n_adapters) : NULL;
-        s->q[i] = (sim_seq_t){.n_new = len, .past = 0, .n_logits = 1, .slot = a ? i % n_adapters : -1,
-                              .rank = a ? a->cfg.r : 0, .targets = a ? a->cfg.targets : 0};
-    }
-    s->measured = median(t, REPS);
+    infer_shape(rt, name, n, len, 0, n_adapters, median(t, REPS));
     free(rows), free(tok);
 }
 

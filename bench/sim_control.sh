@@ -6,7 +6,8 @@
 # simulated cluster, `marlaas bench-api` creates the tenants, submits the jobs (timed) and
 # queries the API at 50 calls/s while they run (timed); the rollouts' task counters give tasks
 # per second, Redis's own counters commands per second and memory per job, the services' CPU
-# seconds what saturates; then as many long jobs again are submitted (running) and the scheduler
+# seconds what saturates (a fifth field bounds the jobs the scheduler runs at once: --set
+# max_running); then as many long jobs again are submitted (running) and the scheduler
 # is restarted with all of them in Redis: the time until it is ready again. Writes OUT/sim_control.csv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,19 +19,16 @@ export KEEP_LOGS=$D/logs   # each cluster's logs (lib.sh cluster_down)
 rm -rf "$D"
 mkdir -p "$D"
 HZ=$(getconf CLK_TCK)
-echo "jobs,tenants,rollouts,verifiers,tasks_per_s,p50_ms,p99_ms,submit_p99_ms,redis_cmds_per_s,redis_bytes_per_job,restart_s,restored,end_s,trainer_full,saturated" > "$OUT/sim_control.csv"
-cpu_of() {   # CPU-seconds of every process of a service
-    local s=0 p
-    for p in $(awk -v n="$1" '$1 == n {print $2}' "$RUN/pids"); do
-        s=$(awk -v a="$s" -v b="$(awk -v hz="$HZ" '{print ($14 + $15) / hz}' /proc/"$p"/stat 2>/dev/null || echo 0)" 'BEGIN {print a + b}')
-    done
-    echo "$s"
+echo "jobs,tenants,rollouts,verifiers,max_running,tasks_per_s,p50_ms,p99_ms,submit_p99_ms,redis_cmds_per_s,redis_bytes_per_job,restart_s,restored,end_s,trainer_full,saturated" > "$OUT/sim_control.csv"
+cpu_of() {   # CPU-seconds of every process of a service (one pass over their /proc stat files)
+    awk -v n="$1" '$1 == n {print "/proc/" $2 "/stat"}' "$RUN/pids" | xargs cat 2>/dev/null |
+        awk -v hz="$HZ" '{s += ($14 + $15) / hz} END {printf "%.3f", s}'
 }
 redis_info() { redis-cli -p "$REDIS_PORT" info "$1" | tr -d '\r' | awk -F: -v k="$2" '$1 == k {print $2}'; }
 IFS=, read -r -a CONFIGS <<< "$CONTROL_CONFIGS"
 for cfg in "${CONFIGS[@]}"; do
-    read -r JOBS TENANTS R V <<< "$cfg"
-    export MARLAAS_SIM_SCALE=1000 MARLAAS_SIM_LENGTHS=fixed:16 MARLAAS_CHUNK=2
+    read -r JOBS TENANTS R V MAXRUN <<< "$cfg"
+    export MARLAAS_SIM_SCALE=1000 MARLAAS_SIM_LENGTHS=fixed:16 MARLAAS_CHUNK=2 MARLAAS_MAX_RUNNING=${MAXRUN:-0}
     cluster_up --model models/sim/qwen3-8b --backend sim:h100 --rollouts "$R" --verifiers "$V" > "$D/up-$JOBS.log" 2>&1
     REDIS_PORT=$(sed -n 's/^MARLAAS_REDIS=.*:\([0-9]*\)$/\1/p' "$RUN/env")
     REDISCLI_AUTH=$(sed -n 's/^MARLAAS_REDIS_PASSWORD=//p' "$RUN/env")
@@ -40,13 +38,21 @@ for cfg in "${CONFIGS[@]}"; do
     declare -A C0
     for s in scheduler redis verifier trainer rollout; do C0[$s]=$(cpu_of "$s"); done
     t0=$EPOCHREALTIME
+    # every second: the time since t0, Redis's command count, each kind of process's CPU-seconds
+    (
+        while :; do
+            line="$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.2f", b - a}') $(redis_info stats total_commands_processed)"
+            for s in scheduler redis verifier trainer rollout; do line="$line $(cpu_of "$s")"; done
+            echo "$line"
+            sleep 1
+        done
+    ) > "$D/samples-$JOBS.txt" 2>/dev/null &
+    SAMPLER=$!
     spec='{"task": "sim-easy", "max_steps": 3, "prompts": 2, "group": 4, "max_new": 32, "eval_every": 3, "eval_n": 4}'
     "$M" bench-api --jobs "$JOBS" --tenants "$TENANTS" --rate 50 --timeout 1200 --spec "$spec" > "$D/api-$JOBS.csv" 2> "$D/api-$JOBS.log" || true
-    t1=$EPOCHREALTIME
-    dt=$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')
-    cmd1=$(redis_info stats total_commands_processed) mem1=$(redis_info memory used_memory)
-    declare -A C1
-    for s in scheduler redis verifier trainer rollout; do C1[$s]=$(cpu_of "$s"); done
+    kill "$SAMPLER" 2>/dev/null || true
+    wait "$SAMPLER" 2>/dev/null || true
+    mem1=$(redis_info memory used_memory)
     sleep 1.2
     tasks=0
     for k in $(redis-cli -p "$REDIS_PORT" --scan --pattern '*svc:rollout:*'); do
@@ -74,16 +80,19 @@ for cfg in "${CONFIGS[@]}"; do
             return day[d[1]] + c[1] * 3600 + c[2] * 60 + c[3] - t0
         }
         / status (done|failed|cancelled)/ {n++; if (n <= '"$JOBS"') e = logt($1)} END {printf "%.2f", e}' "$slog")
+    # rates while the jobs ran: from the last sample at or before their end (one exists after 1 s)
+    read -r ts cmd1 c_sch c_red c_ver c_tra c_rol < <(awk -v e="$end" '$1 <= e || NR == 1 {l = $0} END {print l}' "$D/samples-$JOBS.txt")
+    declare -A C1=([scheduler]=$c_sch [redis]=$c_red [verifier]=$c_ver [trainer]=$c_tra [rollout]=$c_rol)
     # CPU cores each kind of process used while the jobs ran (its CPU-seconds over that time)
     sat=""
     for s in scheduler redis verifier trainer rollout; do
-        sat="$sat $s=$(awk -v a="${C0[$s]}" -v b="${C1[$s]}" -v t="$end" 'BEGIN {printf "%.3f", (b - a) / t}')"
+        sat="$sat $s=$(awk -v a="${C0[$s]}" -v b="${C1[$s]}" -v t="$ts" 'BEGIN {printf "%.3f", (b - a) / t}')"
     done
     sat=$(echo "$sat" | tr ' ' '\n' | sed '/^$/d' | sort -t= -k2 -gr | head -n 3 | paste -sd' ')
-    tail -n 1 "$D/api-$JOBS.csv" | awk -F, -v j="$JOBS" -v t="$TENANTS" -v r="$R" -v v="$V" -v tasks="$tasks" -v dt="$dt" \
+    tail -n 1 "$D/api-$JOBS.csv" | awk -F, -v j="$JOBS" -v t="$TENANTS" -v r="$R" -v v="$V" -v tasks="$tasks" \
         -v c0="$cmd0" -v c1="$cmd1" -v m0="$mem0" -v m1="$mem1" -v rs="$restart" -v sat="$sat" -v rn="${restored_n:-0}" \
-        -v end="$end" -v full="${refused:-0}" '
-        NF >= 10 {printf "%d,%d,%d,%d,%.1f,%.3f,%.3f,%.3f,%.0f,%.0f,%s,%s,%.1f,%s,%s\n", j, t, r, v, tasks / end, $5, $6, $4,
-                  (c1 - c0) / end, (m1 - m0) / j, rs, rn, end, full, sat}' >> "$OUT/sim_control.csv"
+        -v end="$end" -v full="${refused:-0}" -v mr="${MAXRUN:-0}" -v ts="$ts" '
+        NF >= 10 {printf "%d,%d,%d,%d,%d,%.1f,%.3f,%.3f,%.3f,%.0f,%.0f,%s,%s,%.1f,%s,%s\n", j, t, r, v, mr, tasks / end, $5, $6, $4,
+                  (c1 - c0) / ts, (m1 - m0) / j, rs, rn, end, full, sat}' >> "$OUT/sim_control.csv"
     echo "control $cfg: $(tail -n 1 "$OUT/sim_control.csv") ($restored)" >&2
 done

@@ -60,6 +60,17 @@ static pid_t spawn(char *const argv[], const char *log, char *const extra_env[])
 
 #define MAX_PROCS 160   // redis, the four services and up to 128 more rollouts and 16 more verifiers
 
+// Replica k of a service (its log NAMEk.log), recorded in the pid file.
+static void spawn_replica(const char *name, long k, const char *bdir, const char *logs, char *const extra[], FILE *pf) {
+    char exe[4200], log[4200];
+    snprintf(exe, sizeof exe, "%s/marlaas-%s", bdir, name);
+    snprintf(log, sizeof log, "%s/%s%ld.log", logs, name, k);
+    char *argv[] = {exe, NULL};
+    pid_t p = spawn(argv, log, extra);
+    fprintf(pf, "%s %d\n", name, (int)p);
+    fflush(pf);
+}
+
 static int read_pids(const char *run, char names[MAX_PROCS][32], pid_t pids[MAX_PROCS]) {
     char path[4096];
     snprintf(path, sizeof path, "%s/pids", run);
@@ -259,33 +270,17 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
         fprintf(pf, "%s %d\n", services[i], (int)all[i + 1]);
         fflush(pf);
     }
-    // more verifier replicas (--verifiers N): each its own port, no HTTP endpoint of its own
+    // more replicas (--verifiers N, --rollouts N): the same settings, no HTTP endpoint of their own;
+    // a verifier listens on its own port
+    snprintf(http_env, sizeof http_env, "MARLAAS_HTTP=0");
+    snprintf(console_env, sizeof console_env, "MARLAAS_CONSOLE=off");
     for (long i = 1; i < o->verifiers; i++) {
-        char exe[4200], log[4200];
-        snprintf(http_env, sizeof http_env, "MARLAAS_HTTP=0");
-        snprintf(console_env, sizeof console_env, "MARLAAS_CONSOLE=off");
         snprintf(vown, sizeof vown, "MARLAAS_VERIFIERS=tcp://127.0.0.1:%ld", b + 50 + i);
         extra[5] = vown;
-        snprintf(exe, sizeof exe, "%s/marlaas-verifier", bdir);
-        snprintf(log, sizeof log, "%s/verifier%ld.log", logs, i + 1);
-        char *argv[] = {exe, NULL};
-        pid_t p = spawn(argv, log, extra);
-        fprintf(pf, "verifier %d\n", (int)p);
-        fflush(pf);
+        spawn_replica("verifier", i + 1, bdir, logs, extra, pf);
     }
     extra[5] = vlist;
-    // more rollout replicas (--rollouts N): the same settings, no HTTP endpoint of their own
-    for (long i = 1; i < o->rollouts; i++) {
-        char exe[4200], log[4200];
-        snprintf(http_env, sizeof http_env, "MARLAAS_HTTP=0");
-        snprintf(console_env, sizeof console_env, "MARLAAS_CONSOLE=off");
-        snprintf(exe, sizeof exe, "%s/marlaas-rollout", bdir);
-        snprintf(log, sizeof log, "%s/rollout%ld.log", logs, i + 1);
-        char *argv[] = {exe, NULL};
-        pid_t p = spawn(argv, log, extra);
-        fprintf(pf, "rollout %d\n", (int)p);
-        fflush(pf);
-    }
+    for (long i = 1; i < o->rollouts; i++) spawn_replica("rollout", i + 1, bdir, logs, extra, pf);
     fclose(pf);
     if (hf) fclose(hf);
     // ready when the scheduler answers

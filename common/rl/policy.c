@@ -292,3 +292,18 @@ int policy_adapter_slot(const policy_slot_t *slots, int n, const char *job, uint
     }
     return pick;
 }
+
+void policy_trainer_verified(int *at_trainer, int *ahead, int n) {
+    int early = n < *ahead ? n : *ahead;
+    *ahead -= early;
+    *at_trainer += n - early;
+}
+
+void policy_trainer_released(int *at_trainer, int *ahead, int n, int cap) {
+    *at_trainer -= n;
+    if (*at_trainer < 0) {
+        *ahead -= *at_trainer;
+        if (*ahead > cap) *ahead = cap;
+        *at_trainer = 0;
+    }
+}

@@ -92,6 +92,13 @@ double policy_start_vtime(const policy_job_t *jobs, int n, int tenant);
 // smallest of the tenants with running jobs when that is larger (no catch-up on idle time),
 // `own` when no job runs.
 double policy_tenant_start_vtime(const policy_job_t *jobs, int n, double own);
+// Groups of a job at the trainer, from two reports on two links: the verifier's `episodes` (n
+// groups verified: policy_trainer_verified) and the trainer's `step` (n consumed or dropped:
+// policy_trainer_released), in either order. A step may release groups whose `episodes` has not
+// come yet: they are kept in *ahead (at most cap, the job's in-flight budget) and their late report
+// adds nothing, so a group is never counted at the trainer after it was consumed.
+void policy_trainer_verified(int *at_trainer, int *ahead, int n);
+void policy_trainer_released(int *at_trainer, int *ahead, int n, int cap);
 // Sync policy: true once a step's worth (B groups) is in flight; the job then waits for its step.
 bool policy_sync_full(sched_policy_t p, int in_flight, int prompts);
 // Whether a queued job is admitted while `running` jobs run: async while fewer than max_running

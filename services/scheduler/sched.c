@@ -711,9 +711,7 @@ int sched_report(sched_t *s, const proto_report_t *r, char *err) {
             if (--j->eval_pending == 0 && j->eval_next >= j->eval_total) eval_done(s, j);
         } else if (what == POLICY_RESULT_TRAIN) {
             j->in_rollout -= n;
-            int ahead = n < j->consumed_ahead ? n : j->consumed_ahead;
-            j->consumed_ahead -= ahead;
-            j->at_trainer += n - ahead;
+            policy_trainer_verified(&j->at_trainer, &j->consumed_ahead, n);
             logj_debug(j->id, "task %llu verified: %d groups at the trainer (step %u, version %u)",
                        (unsigned long long)r->task_id, j->at_trainer, j->step, j->version);
             j->episodes += r->n;
@@ -740,15 +738,10 @@ int sched_report(sched_t *s, const proto_report_t *r, char *err) {
                                "%s)", r->step, r->adapter_version, j->id, st[0] ? st : "?", v[0] ? v : "?");
         }
         policy_step_report(&j->step, &j->version, r->step, r->adapter_version);
-        j->at_trainer -= (int)(r->n + r->errors);
-        if (j->at_trainer < 0) {
-            // the verifier's report of some of these groups is still on its way (bounded: no more
-            // than a job may have in flight, so a report that never comes cannot pile up)
-            j->consumed_ahead -= j->at_trainer;
-            int cap = (j->spec.staleness + 1) * j->spec.prompts;
-            if (j->consumed_ahead > cap) j->consumed_ahead = cap;
-            j->at_trainer = 0;
-        }
+        // the verifier's report of some of these groups may still be on its way (bounded: no more
+        // than a job may have in flight, so a report that never comes cannot pile up)
+        policy_trainer_released(&j->at_trainer, &j->consumed_ahead, (int)(r->n + r->errors),
+                                (j->spec.staleness + 1) * j->spec.prompts);
         j->last_step_time = util_now();
         j->sync_waiting = false;
         publish(s, j, "step", -1);

@@ -370,6 +370,34 @@ static int apply(policy_leases_t *t, const uint64_t *ids, int n, int eval_round,
     return at_trainer;
 }
 
+// The verifier's episodes and the trainer's step travel on different links: a step may release
+// groups before their episodes report is applied. Without the ahead count the late report put
+// them back at the trainer, and a job at staleness 0 waited for the trainer lease (60 s).
+Test(policy, a_step_before_its_groups_reports_counts_them_once) {
+    int at = 0, ahead = 0;
+    // 8 groups: 7 reported verified, then the step that consumed all 8, then the 8th's report
+    for (int g = 0; g < 7; g++) policy_trainer_verified(&at, &ahead, 1);
+    policy_trainer_released(&at, &ahead, 8, 8);
+    cr_assert_eq(at, 0);
+    cr_assert_eq(ahead, 1);
+    policy_trainer_verified(&at, &ahead, 1);
+    cr_assert_eq(at, 0, "the late report of a consumed group adds nothing");
+    cr_assert_eq(ahead, 0);
+    // the next step's groups count as usual
+    policy_trainer_verified(&at, &ahead, 3);
+    cr_assert_eq(at, 3);
+    // in order: nothing ahead
+    policy_trainer_released(&at, &ahead, 3, 8);
+    cr_assert(at == 0 && ahead == 0);
+    // a step whose reports never come cannot hold more than the job's in-flight budget ahead
+    policy_trainer_released(&at, &ahead, 50, 16);
+    cr_assert_eq(ahead, 16);
+    cr_assert_eq(at, 0);
+    // a report of more groups than are ahead: the rest are at the trainer
+    policy_trainer_verified(&at, &ahead, 20);
+    cr_assert(at == 4 && ahead == 0);
+}
+
 Test(policy, a_result_is_applied_once) {
     policy_leases_t t = {0};
     policy_lease_add(&t, 7, "j-1", PROTO_KIND_TRAIN, IDX, 4, 1, 0, 60);
