@@ -73,13 +73,7 @@ for cfg in "${CONFIGS[@]}"; do
     # (bench-api sees each end only when its round of queries reaches the job)
     slog=$(ls -td "$KEEP_LOGS"/* | head -n 1)/scheduler.log
     refused=$(grep -c "batch not used: trainer holds" "$(dirname "$slog")/trainer.log" || true)
-    end=$(awk -v t0="$t0" '
-        function logt(ts,   d, c, e, cmd) {
-            split(ts, d, "T"); split(d[2], c, ":"); sub("Z", "", c[3])
-            if (!(d[1] in day)) {cmd = "date -u -d " d[1] " +%s"; cmd | getline e; close(cmd); day[d[1]] = e}
-            return day[d[1]] + c[1] * 3600 + c[2] * 60 + c[3] - t0
-        }
-        / status (done|failed|cancelled)/ {n++; if (n <= '"$JOBS"') e = logt($1)} END {printf "%.2f", e}' "$slog")
+    end=$(log_end "$t0" "$slog" "$JOBS")
     # rates while the jobs ran: from the last sample at or before their end (one exists after 1 s)
     read -r ts cmd1 c_sch c_red c_ver c_tra c_rol < <(awk -v e="$end" '$1 <= e || NR == 1 {l = $0} END {print l}' "$D/samples-$JOBS.txt")
     declare -A C1=([scheduler]=$c_sch [redis]=$c_red [verifier]=$c_ver [trainer]=$c_tra [rollout]=$c_rol)

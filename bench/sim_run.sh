@@ -65,16 +65,9 @@ for t in $(seq 1 "$TENANTS"); do
     [ "$t" -le "$N" ] || break
     wait_jobs "${TOKS[$((t - 1))]}" 7200 > "$D/wait.log" || ok=0
 done
-WALL=$(awk -v a="$T0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.2f", b - a}')
 # the end: the scheduler's last "status done" (wait_jobs polls once a second, which at scale 60
 # would be a minute of modelled time); its log lines start with an ISO-8601 UTC time
-WALL=$(awk -v t0="$T0" -v w="$WALL" '
-    function logt(ts,   d, c, e, cmd) {
-        split(ts, d, "T"); split(d[2], c, ":"); sub("Z", "", c[3])
-        if (!(d[1] in day)) {cmd = "date -u -d " d[1] " +%s"; cmd | getline e; close(cmd); day[d[1]] = e}
-        return day[d[1]] + c[1] * 3600 + c[2] * 60 + c[3] - t0
-    }
-    / status (done|failed|cancelled)/ {e = logt($1)} END {printf "%.3f", (e ? e : w)}' "$RUN/logs/scheduler.log")
+WALL=$(log_end "$T0" "$RUN/logs/scheduler.log")
 sleep 1.2   # one more heartbeat with the final counters
 read -r RB1 RU1 TOK _ < <(beats rollout tokens)
 read -r TB1 TU1 STEPS_DONE _ < <(beats trainer steps)

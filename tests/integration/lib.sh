@@ -23,6 +23,8 @@
 #                                      connection to PORT wait unread by PID (a stopped process)
 #   tcp_unanswered PID PORT            true while bytes PID sent on its connection to PORT wait
 #                                      unread by the other end (a server stopped with SIGSTOP)
+#   log_end T0 LOG [N]                 seconds from T0 ($EPOCHREALTIME then) to the last (or the Nth)
+#                                      "status done|failed|cancelled" line of a scheduler log
 #   cluster_down                       stops everything (also registered as an EXIT trap)
 BIN=${MARLAAS_BIN:-build/bin}
 M="$BIN/marlaas"
@@ -129,6 +131,16 @@ cluster_up() {
     export MARLAAS_RUN_DIR="$RUN"
     trap cluster_down EXIT
     "$M" up --run-dir "$RUN" --port-base "$PORT_BASE" "$@"
+}
+
+log_end() {
+    awk -v t0="$1" -v n="${3:-0}" '
+        function logt(ts,   d, c, e, cmd) {
+            split(ts, d, "T"); split(d[2], c, ":"); sub("Z", "", c[3])
+            if (!(d[1] in day)) {cmd = "date -u -d " d[1] " +%s"; cmd | getline e; close(cmd); day[d[1]] = e}
+            return day[d[1]] + c[1] * 3600 + c[2] * 60 + c[3] - t0
+        }
+        / status (done|failed|cancelled)/ {k++; if (!n || k <= n) e = logt($1)} END {printf "%.3f", e}' "$2"
 }
 
 cluster_down() {
