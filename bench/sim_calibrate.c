@@ -147,7 +147,7 @@ static void train_shape(rl_runtime_t *rt, int n, int len, int P, int n_adapters,
     for (int a = 0; a < n_adapters; a++) {
         size_t np = lora_pool_get(rt->pool, a)->n_params;
         grads[a] = k->alloc(sizeof(float) * np), m[a] = k->alloc(sizeof(float) * np), v[a] = k->alloc(sizeof(float) * np);
-        params = (double)np;
+        params += (double)np;
     }
     loss_cfg_t lc = {.kind = LOSS_RL, .temperature = 1.0f, .clip_low = 0.2f, .clip_high = 0.28f};
     loss_stats_t *st = xcalloc((size_t)slots + 1, sizeof *st);

@@ -678,7 +678,7 @@ static int sim_run(engine_t *e, const engine_train_seq_t *seqs, int n, const los
         if (first && q[i].slot >= 0) {
             const lora_t *a = lora_pool_get(e->pool, q[i].slot);
             n_adapters++;
-            params = (double)lora_param_count(&a->model, &a->cfg);
+            params += (double)lora_param_count(&a->model, &a->cfg);
         }
     }
     sim_wait(e->sim, sim_cost(e->sim, q, n, mode == RUN_TRAIN ? SIM_TRAIN : SIM_INFER, mode == RUN_TRAIN ? n_adapters : 0,

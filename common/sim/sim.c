@@ -29,6 +29,7 @@ struct sim {
     double cpu_mark;     // the calling thread's CPU time at the end of the last sim_wait
     double deadline;     // CLOCK_MONOTONIC time the last modelled step ended
     double late;         // how late the last sleep woke up
+    double last_len;     // wall length of the last modelled step
     double hidden;       // host seconds overlapped with modelled time
     bool slack_set;
 };
@@ -344,6 +345,7 @@ static double pass_cost(const sim_t *s, const sim_seq_t *seqs, int n, bool train
 }
 
 double sim_cost(const sim_t *s, const sim_seq_t *seqs, int n, sim_mode_t mode, int n_adapters, double adapter_params) {
+    // adapter_params: the parameters of the n_adapters adapters together
     const sim_device_t *d = &s->d;
     if (n <= 0) return 0.0;
     if (mode == SIM_INFER) return pass_cost(s, seqs, n, false) + d->step_overhead_s;
@@ -377,11 +379,11 @@ double sim_cost(const sim_t *s, const sim_seq_t *seqs, int n, sim_mode_t mode, i
             if (c > t) t = c;
         }
         free(part), free(order), free(bin), free(load);
-        double bytes = n_adapters * adapter_params * 4.0;
+        double bytes = adapter_params * 4.0;
         t += 2.0 * (D - 1) / D * bytes / d->link_bandwidth + D * d->link_latency_s;
     }
     // AdamW over each adapter: parameters, gradients and both moments read and written (fp32)
-    t += n_adapters * (adapter_params * 16.0 / (d->bandwidth * d->bandwidth_efficiency) + d->launch_s);
+    t += adapter_params * 16.0 / (d->bandwidth * d->bandwidth_efficiency) + n_adapters * d->launch_s;
     return t + d->step_overhead_s;
 }
 
@@ -406,9 +408,16 @@ void sim_wait(sim_t *s, double dt) {
     // GPU runtime's asynchronous launches do: the step counts as issued that much before now.
     double now = mono(), cpu = thread_cpu();
     double host = (s->d.host_overlap > 0 && s->cpu_mark > 0 ? cpu - s->cpu_mark : 0.0) + s->late;
-    double start = now - host;
-    if (start < s->deadline) start = s->deadline;
+    // Only work done right after the last step (the thread busy since it woke) can have overlapped
+    // it, and no more than its length; after an idle wait (a gap longer than that work) the step
+    // starts now: CPU spent polling while idle hides nothing.
+    double start = now;
+    if (now - s->deadline <= host + 1e-4) {
+        double over = host < s->last_len ? host : s->last_len;
+        start = now - over > s->deadline ? now - over : s->deadline;
+    }
     double end = start + dt / s->scale;
+    s->last_len = end - start;
     s->hidden += now - start > 0 ? now - start : 0.0;
     s->late = 0;
     if (end > now) {

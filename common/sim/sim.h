@@ -94,7 +94,7 @@ typedef enum { SIM_INFER = 0, SIM_TRAIN = 1 } sim_mode_t;
 
 // Modelled seconds of one engine step (SIM_INFER: decode rows and prefill chunks, logits of the
 // rows asking) or one training pass (SIM_TRAIN: forward, backward, per-adapter optimiser step of
-// n_adapters adapters of adapter_params parameters each, the gradient all-reduce when devices > 1)
+// n_adapters adapters of adapter_params parameters in all, the gradient all-reduce when devices > 1)
 // on the device.
 double sim_cost(const sim_t *s, const sim_seq_t *seqs, int n, sim_mode_t mode, int n_adapters,
                 double adapter_params);

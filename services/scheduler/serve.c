@@ -33,7 +33,15 @@ int scheduler_settings(const svc_t *s, sched_cfg_t *cfg, const char **admin) {
                          .lease_s = atof(svc_extra(s, "lease_s", "60")),
                          .train_lease_s = atof(svc_extra(s, "train_lease_s", "60")),
                          .chunk = atoi(svc_extra(s, "chunk", "8")),
-                         .max_running = atoi(svc_extra(s, "max_running", "0"))};
+                         .max_running = 0};
+    const char *mr = svc_extra(s, "max_running", "0");
+    char *end;
+    long mrv = strtol(mr, &end, 10);
+    if (!*mr || *end || mrv < 0 || mrv > 1000000) {
+        log_error("--set max_running must be an integer in 0..1000000 (0: no bound), got '%s'", mr);
+        return -1;
+    }
+    cfg->max_running = (int)mrv;
     *admin = svc_get(s, SVC_ADMIN_TOKEN);
     if (*admin && !strcmp(*admin, "replace-with-a-random-token")) {
         // the placeholder of the Kubernetes base (deploy/k8s/base/config.yaml) is public

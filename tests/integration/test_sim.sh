@@ -92,6 +92,9 @@ check "... naming the known ones" grep -q "known: .*h100" <<< "$out"
 out=$(svc trainer --backend sim:h100 --set sim_devices=0) && rc=0 || rc=$?
 check "sim_devices=0 is refused ($rc)" test "$rc" -ne 0
 check "... naming the setting" grep -q "sim_devices" <<< "$out"
+out=$(svc scheduler --set max_running=lots) && rc=0 || rc=$?
+check "max_running=lots is refused ($rc)" test "$rc" -ne 0
+check "... naming the setting" grep -q "max_running" <<< "$out"
 out=$(svc rollout --backend sim:h100 --set sim_lengths=pareto:2) && rc=0 || rc=$?
 check "a bad length distribution is refused ($rc)" test "$rc" -ne 0
 check "... with the forms it takes" grep -q "lognormal:MEDIAN,SIGMA" <<< "$out"
