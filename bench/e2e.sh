@@ -6,7 +6,8 @@
 #
 # Settings come from the environment (bench/run.sh sets them): MODEL, STEPS, PROMPTS, GROUP,
 # TEMP, LR, EVAL_N, MAX_NEW, TASKS (space-separated, at least N), TENANTS, SEED (the jobs' seed;
-# unset: the spec's default).
+# unset: the spec's default); DEFAULTS=1 submits each job with its task alone (every other setting
+# the job spec's default: bench/defaults.sh).
 #
 # Writes into OUT_DIR/LABEL-nN/:
 #   timeline.csv  t, rollout busy_s / up_s / cpu_s, trainer busy_s / up_s / cpu_s, tokens, steps
@@ -72,6 +73,7 @@ SPEC=(--steps "$STEPS" --prompts "$PROMPTS" --group "$GROUP" --temperature "$TEM
       --eval-every "$STEPS" --eval-n "$EVAL_N")
 [ "$MAX_NEW" -gt 0 ] && SPEC+=(--max-new "$MAX_NEW")
 [ -n "${SEED:-}" ] && SPEC+=(--seed "$SEED")
+[ "${DEFAULTS:-0}" = 1 ] && SPEC=()   # every setting the job spec's default
 for i in $(seq 0 $((N - 1))); do
     JOBS+=("$(submit "${TOKS[$((i % TENANTS))]}" --task "${TASK_LIST[$i]}" --name "${TASK_LIST[$i]}" "${SPEC[@]}")")
 done

@@ -3,14 +3,19 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/util/log.h"
 #include "common/util/util.h"
@@ -32,6 +37,9 @@ struct sim {
     double last_len;     // wall length of the last modelled step
     double hidden;       // host seconds overlapped with modelled time
     bool slack_set;
+    int host_slot;       // shared_cores: this simulator's entry in the host table, -1 before the first step
+    int others;          // shared_cores: the machine's other runnable computations, read at load_read
+    int64_t load_read, shared_end;
 };
 
 static double thread_cpu(void) {
@@ -126,7 +134,7 @@ static int device_read(const cJSON *dev, sim_device_t *d, char *err) {
     static const char *keys[] = {"description", "source", "flops", "bandwidth", "memory", "link_bandwidth",
                                  "weight_bytes", "gemm_efficiency", "gemm_half_rows", "bandwidth_efficiency",
                                  "attention_efficiency", "launch_us", "step_overhead_us", "link_latency_us",
-                                 "activation_reserve", "backward_efficiency", "host_overlap"};
+                                 "activation_reserve", "backward_efficiency", "host_overlap", "shared_cores"};
     const cJSON *f;
     cJSON_ArrayForEach(f, dev) {
         bool known = false;
@@ -147,8 +155,12 @@ static int device_read(const cJSON *dev, sim_device_t *d, char *err) {
         number(dev, "link_latency_us", false, &lat_us, err) ||
         number(dev, "activation_reserve", false, &d->activation_reserve, err) ||
         number(dev, "backward_efficiency", false, &d->backward_efficiency, err) ||
-        number(dev, "host_overlap", false, &d->host_overlap, err))
+        number(dev, "host_overlap", false, &d->host_overlap, err) ||
+        number(dev, "shared_cores", false, &d->shared_cores, err))
         return -1;
+    if (d->shared_cores != floor(d->shared_cores) || d->shared_cores > 4096 || (d->shared_cores > 0 && d->host_overlap))
+        return err_set(err, "device %s: shared_cores must be a whole number of cores in 0..4096, and 0 with host_overlap "
+                       "(a CPU computes host and device work in turn)", d->name);
     if (!(d->flops > 0 && d->bandwidth > 0 && d->memory > 0 && d->link_bandwidth > 0))
         return err_set(err, "device %s: flops, bandwidth, memory and link_bandwidth must be > 0", d->name);
     if (d->weight_bytes != 2 && d->weight_bytes != 4)
@@ -206,6 +218,7 @@ sim_t *sim_open(const char *name, const hf_config_t *mc, const sim_opts_t *o, ch
 static sim_t *sim_new(const sim_device_t *d, const hf_config_t *mc, const sim_opts_t *o, char *err) {
     sim_t *s = xcalloc(1, sizeof *s);
     s->d = *d;
+    s->host_slot = -1;
     s->m = *mc;
     s->scale = o && o->scale > 0 ? o->scale : 60.0;
     if (o && !(o->scale >= 0 && o->scale <= 1e6)) {
@@ -231,8 +244,136 @@ fail:
     return NULL;
 }
 
+// --- a CPU shared with the machine's other processes (shared_cores) --------------------------------
+
+// Every simulator of a shared-cores device on this machine (all users' clusters of this uid) keeps
+// an entry in one table in shared memory: its pid and until when its modelled step holds a core.
+// A step then counts the other runnable tasks of the machine (/proc/loadavg) and the other
+// simulators computing, and runs at 1 / (1 + others / cores) of its speed: each other task sits
+// on the step's core with probability 1 / cores and takes its turn there. That is how the
+// kernel's scheduler treats a CPU-bound service beside woken ones (run queues are balanced
+// lazily, a woken task preempts the running one): measured on 2 cores, the real trainer waits in
+// its run queue for a fifth to a quarter of its CPU time while the services' demand averages
+// about 1.1 cores, where an ideal share of the 2 cores would let it run undisturbed. Entries of
+// processes that died are taken over; a step's claim lapses on its own (busy_until), so a killed
+// process holds nothing.
+#define HOST_SLOTS 512
+typedef struct {
+    _Atomic int32_t pid;
+    _Atomic int64_t busy_until_ns;
+} host_slot_t;
+
+static host_slot_t *host_tab;
+static pthread_once_t host_once = PTHREAD_ONCE_INIT;
+
+static void host_open(void) {
+    char name[64];
+    snprintf(name, sizeof name, "/marlaas-sim-cores-%u", (unsigned)getuid());
+    int fd = shm_open(name, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    size_t size = sizeof(host_slot_t) * HOST_SLOTS;
+    if (fd < 0 || ftruncate(fd, (off_t)size)) {
+        log_warn("simulated CPU: shared memory %s: %s; steps count the machine's runnable processes but not the "
+                 "other simulators' steps (check /dev/shm)", name, strerror(errno));
+        if (fd >= 0) close(fd);
+        return;
+    }
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        log_warn("simulated CPU: cannot map %s: %s", name, strerror(errno));
+        return;
+    }
+    host_tab = m;
+}
+
+static int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int host_claim(void) {
+    pthread_once(&host_once, host_open);
+    if (!host_tab) return -1;
+    int32_t me = (int32_t)getpid();
+    for (int i = 0; i < HOST_SLOTS; i++) {
+        int32_t p = atomic_load(&host_tab[i].pid);
+        if ((p == 0 || (p != me && kill(p, 0) && errno == ESRCH)) && atomic_compare_exchange_strong(&host_tab[i].pid, &p, me)) {
+            atomic_store(&host_tab[i].busy_until_ns, 0);
+            return i;
+        }
+    }
+    log_warn("simulated CPU: all %d entries of the host table are held by live processes; this one's steps are not "
+             "seen by the others", HOST_SLOTS);
+    return -1;
+}
+
+// Runnable tasks of the machine other than the caller (the 4th field of /proc/loadavg counts
+// the reader), plus the other simulators whose modelled step holds a core now.
+static int host_others(const sim_t *s, int64_t now) {
+    int others = 0;
+    char buf[128];
+    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        int run = 0;
+        if (n > 0 && (buf[n] = 0, sscanf(buf, "%*s %*s %*s %d/", &run) == 1) && run > 1) others += run - 1;
+    }
+    for (int i = 0; host_tab && i < HOST_SLOTS; i++)
+        if (i != s->host_slot && atomic_load(&host_tab[i].pid) && atomic_load(&host_tab[i].busy_until_ns) > now) others++;
+    return others;
+}
+
+// `work` wall seconds of a whole core, in slices of at most a millisecond, each at the share of a
+// core the machine's load leaves it.
+// A sleep that woke late did that much of the next step's work, when the next step follows at
+// once (as sim_wait's late wake-ups on a device of its own); the machine's load is read at most
+// every half millisecond.
+static void shared_wait(sim_t *s, double work) {
+    if (s->host_slot < 0) s->host_slot = host_claim();
+    host_slot_t *me = s->host_slot >= 0 ? &host_tab[s->host_slot] : NULL;
+    int64_t now = mono_ns();
+    if ((double)(now - s->shared_end) * 1e-9 <= s->late + 1e-4) work -= s->late;
+    s->late = 0;
+    while (work > 1e-7) {
+        if (now - s->load_read > 500000) s->others = host_others(s, now), s->load_read = now;
+        int others = s->others;
+        double rate = 1.0 / (1.0 + others / s->d.shared_cores);
+        double slice = work / rate < 1e-3 ? work / rate : 1e-3;
+        int64_t end = now + (int64_t)(slice * 1e9) + 1;
+        if (me) atomic_store(&me->busy_until_ns, end + 200000);   // held across the wake-up
+        struct timespec ts = {.tv_sec = (time_t)(end / 1000000000), .tv_nsec = (long)(end % 1000000000)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+        }
+        int64_t t = mono_ns();
+        work -= (double)(t - now) * 1e-9 * rate;
+        now = t;
+    }
+    if (me) atomic_store(&me->busy_until_ns, 0);
+    s->late = work < 0 ? -work : 0;
+    s->shared_end = now;
+}
+
+int sim_host_busy(void) {
+    pthread_once(&host_once, host_open);
+    if (!host_tab) return -1;
+    int64_t now = mono_ns();
+    int32_t me = (int32_t)getpid();
+    int n = 0;
+    for (int i = 0; i < HOST_SLOTS; i++) {
+        int32_t p = atomic_load(&host_tab[i].pid);
+        n += p && p != me && atomic_load(&host_tab[i].busy_until_ns) > now;
+    }
+    return n;
+}
+
 void sim_close(sim_t **ps) {
     if (!ps || !*ps) return;
+    if ((*ps)->host_slot >= 0) {
+        atomic_store(&host_tab[(*ps)->host_slot].busy_until_ns, 0);
+        atomic_store(&host_tab[(*ps)->host_slot].pid, 0);
+    }
     free(*ps);
     *ps = NULL;
 }
@@ -401,6 +542,10 @@ void sim_wait(sim_t *s, double dt) {
         // step at scale 60 is about 100 us of wall time)
         prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
         s->slack_set = true;
+    }
+    if (s->d.shared_cores > 0) {
+        shared_wait(s, dt / s->scale);
+        return;
     }
     // The modelled device runs one step after another: this step starts when the last one ended
     // or when the host issued it, whichever is later. The host's work since the last step (this

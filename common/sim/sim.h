@@ -46,6 +46,9 @@ typedef struct {
     double launch_s, step_overhead_s, link_latency_s, activation_reserve;
     double host_overlap;     // 1: the host's work between steps overlaps the device's (asynchronous
                              // launches, a GPU); 0: it adds to it (the CPU computes both)
+    double shared_cores;     // > 0: the device is this machine's CPU of that many cores, which its
+                             // steps share with every other runnable process (sim_wait); 0: a
+                             // device of its own (an accelerator)
 } sim_device_t;
 
 // Length distribution of completions: lognormal (median, sigma) in tokens, fixed, or uniform;
@@ -76,6 +79,9 @@ typedef struct sim sim_t;
 sim_t *sim_open(const char *name, const hf_config_t *mc, const sim_opts_t *o, char *err);
 // The same for a device given field by field (calibration: bench/sim_calibrate.c).
 sim_t *sim_open_with(const sim_device_t *d, const hf_config_t *mc, const sim_opts_t *o, char *err);
+// Simulators of a shared-cores device (sim_device_t.shared_cores) in other processes of this
+// machine (this uid) whose modelled step holds a core now; -1 without the shared table.
+int sim_host_busy(void);
 void sim_close(sim_t **s);
 const sim_device_t *sim_device(const sim_t *s);
 double sim_scale(const sim_t *s);
@@ -100,8 +106,12 @@ double sim_cost(const sim_t *s, const sim_seq_t *seqs, int n, sim_mode_t mode, i
                 double adapter_params);
 // Counts d modelled seconds and sleeps d / scale, less (on a device with host_overlap) the calling
 // thread's CPU time since its last sim_wait (its host work overlaps the device's time, as
-// asynchronous launches on a GPU do; host work longer than the step still shows). One thread per
-// sim_t.
+// asynchronous launches on a GPU do; host work longer than the step still shows). On a device
+// with shared_cores (this machine's CPU) the step instead runs in slices of at most 1 ms, each at
+// 1 / (1 + others / cores) of full speed, others = the machine's other runnable tasks
+// (/proc/loadavg) + the other simulators whose step holds a core (a table in shared memory,
+// /dev/shm/marlaas-sim-cores-UID): each of them on the step's core with probability 1 / cores, as
+// the kernel's lazily balanced run queues place them. One thread per sim_t.
 void sim_wait(sim_t *s, double d);
 // Host CPU seconds sim_wait took off its sleeps.
 double sim_hidden_seconds(const sim_t *s);

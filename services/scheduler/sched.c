@@ -92,6 +92,7 @@ struct sched {
     int m_running, m_queued, m_tasks, m_issued, m_expired, m_lost, m_job_step, m_job_in_rollout, m_job_at_trainer,
         m_job_episodes, m_job_acc, m_job_active, m_job_running;
     uint64_t issued, expired, lost;
+    int trainer_slots;             // job slots of the live trainers (sched_set_trainer_slots; 0: unknown)
 };
 
 static void job_free(sjob_t *j) {
@@ -575,14 +576,36 @@ int sched_export(sched_t *s) {
     return queued;
 }
 
+static int admit_bound(const sched_t *s) {
+    int b = s->cfg.max_running;
+    if (s->trainer_slots > 0 && (b == 0 || s->trainer_slots < b)) b = s->trainer_slots;
+    return b;
+}
+
+int sched_set_trainer_slots(sched_t *s, int slots) {
+    if (slots < 0) slots = 0;
+    if (slots != s->trainer_slots) {
+        int before = admit_bound(s);
+        s->trainer_slots = slots;
+        int after = admit_bound(s);
+        if (after != before && s->cfg.policy == POLICY_ASYNC) {
+            if (after) log_info("async admission: at most %d jobs running at once (trainers' job slots %d, max_running %d)",
+                                after, slots, s->cfg.max_running);
+            else log_info("async admission: no bound (no trainer's job slots known, max_running unset)");
+        }
+    }
+    return admit_bound(s);
+}
+
 void sched_tick(sched_t *s) {
     double now = util_now();
-    // admit queued jobs: all of them (async; up to max_running), one at a time (sync)
-    int running = 0;
+    // admit queued jobs: all of them (async; up to max_running and the trainers' job slots), one
+    // at a time (sync)
+    int running = 0, bound = admit_bound(s);
     for (int i = 0; i < s->n_jobs; i++) running += s->jobs[i]->state == JS_RUNNING;
     for (int i = 0; i < s->n_jobs; i++) {
         sjob_t *j = s->jobs[i];
-        if (j->state != JS_QUEUED || !policy_admit(s->cfg.policy, running, s->cfg.max_running)) continue;
+        if (j->state != JS_QUEUED || !policy_admit(s->cfg.policy, running, bound)) continue;
         set_state(s, j, JS_RUNNING, NULL);
         // the training lease counts from admission: a job that waited in the queue (sync policy)
         // has had no chance to step yet

@@ -46,6 +46,11 @@ int sched_continue(sched_t *s, const void *frame, size_t len, char *err);
 void sched_tick(sched_t *s);
 // Number of jobs queued or running.
 int sched_active(const sched_t *s);
+// The job slots of the live trainers (the sum of their heartbeats' max_jobs; 0: none known). The
+// async policy then admits no more running jobs than that (and than max_running when set): a
+// trainer whose slots all hold jobs with pending data refuses other jobs' batches, whose rollouts
+// are then wasted. Returns the bound now in force (0: none).
+int sched_set_trainer_slots(sched_t *s, int slots);
 // Publishes job progress on this PUB socket (topic "job", a JSON object per event: job, tenant
 // is not included; status, step, version, eval results).
 void sched_set_events(sched_t *s, zsock_t *pub);

@@ -19,6 +19,7 @@ struct scheduler {
     api_t *api;
     console_t *console;            // the web console (NULL: off)
     chat_template_t *chat;
+    store_t *st;
     uint64_t reports_in;
     int m_api, m_api_err;
 };
@@ -57,6 +58,7 @@ int scheduler_settings(const svc_t *s, sched_cfg_t *cfg, const char **admin) {
 scheduler_t *scheduler_open(svc_t *s, store_t *st, const sched_cfg_t *cfg, const char *admin, char *err) {
     scheduler_t *c = xcalloc(1, sizeof *c);
     c->s = s;
+    c->st = st;
     c->m_api = metrics_def(s->met, "marlaas_api_requests_total", MET_COUNTER, "API requests answered.");
     c->m_api_err = metrics_def(s->met, "marlaas_api_errors_total", MET_COUNTER,
                                "API requests answered with an error (bad token, invalid spec, unknown job, ...).");
@@ -156,6 +158,27 @@ static int tick(void *ctx) {
     return -1;
 }
 
+// The live trainers' job slots, from their heartbeats (svc:trainer:{id}, 10 s TTL): what the
+// async policy may run at once. A heartbeat that cannot be read leaves the last figure.
+static void trainer_slots(void *ctx) {
+    scheduler_t *c = ctx;
+    char pat[256], err[ERR_LEN], **keys = NULL;
+    int n = 0;
+    if (!store_key(c->st, pat, sizeof pat, "svc:trainer:*") || store_scan(c->st, pat, 256, &keys, &n, err)) return;
+    long slots = 0;
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+        char *v = NULL, *end = NULL;
+        int rc = store_hget(c->st, keys[i], "max_jobs", &v, NULL, err);
+        long x = v ? strtol(v, &end, 10) : 0;
+        if (rc < 0) ok = false;
+        else if (v && *v && !*end && x > 0 && x <= 1000000) slots += x;   // a trainer without the field: none
+        free(v);
+    }
+    store_strv_free(&keys, n);
+    if (ok) sched_set_trainer_slots(c->sc, (int)(slots < 1000000 ? slots : 1000000));
+}
+
 static void beat(void *ctx, svc_beat_t *b) {
     scheduler_t *c = ctx;
     svc_beat_add(b, "active_jobs", "%d", sched_active(c->sc));
@@ -173,6 +196,7 @@ void scheduler_register(void *module, svc_loop_t *l) {
     svc_loop_reader(l, c->api_sock, on_api, c);
     svc_loop_frames(l, c->reports, "report", 1024, on_report, NULL, c);
     svc_loop_work(l, tick, c);
+    svc_loop_every(l, 1.0, trainer_slots, c);
     svc_loop_heartbeat(l, beat, c);
 }
 

@@ -195,6 +195,8 @@ int tjobs_count(const tjobs_t *t) {
     return n;
 }
 
+int tjobs_capacity(const tjobs_t *t) { return t->cfg.max_jobs; }
+
 double tjobs_busy_seconds(const tjobs_t *t) { return t->busy; }
 
 int tjobs_buffered(const tjobs_t *t) {

@@ -61,6 +61,8 @@ int tjobs_add(tjobs_t *t, proto_batch_t *m, char *err);
 int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max);
 // Jobs currently held.
 int tjobs_count(const tjobs_t *t);
+// Jobs it can hold at once (its job slots: max_jobs).
+int tjobs_capacity(const tjobs_t *t);
 // Scored groups waiting for their job's next step (the trainer's queue depth).
 int tjobs_buffered(const tjobs_t *t);
 // Seconds spent computing steps since start (busy accounting).

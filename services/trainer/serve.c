@@ -300,6 +300,8 @@ static void beat(void *ctx, svc_beat_t *b) {
     b->queue = tjobs_buffered(t->jobs);
     svc_beat_add(b, "steps", "%llu", (unsigned long long)t->steps);
     svc_beat_add(b, "jobs", "%d", tjobs_count(t->jobs));
+    // the scheduler admits no more async jobs than the trainers hold (sched_set_trainer_slots)
+    svc_beat_add(b, "max_jobs", "%d", tjobs_capacity(t->jobs));
     metrics_set(t->s->met, t->m_jobs, NULL, tjobs_count(t->jobs));
     metrics_set(t->s->met, t->m_sps, NULL, met_window_rate(&t->step_win, b->up_s, (double)t->steps, 10.0));
 }

@@ -6,13 +6,16 @@
 # curves, both rollout replicas generate, the services report the modelled device. Then what must
 # be refused: a simulated job's adapter (no weights) for download, a simulated task on a real
 # cluster, a real-backend service on a folder without weights, a simulated service on an unknown
-# device or with a bad setting.
+# device or with a bad setting. The trainer holds 2 jobs (max_jobs): the scheduler learns it from
+# the trainer's heartbeat and runs at most 2 of the 3 jobs at once, so the trainer refuses nothing.
 set -euo pipefail
 source tests/integration/lib.sh
 fail=0
 
-export MARLAAS_SIM_SCALE=600 MARLAAS_SIM_LENGTHS=lognormal:120,0.8 MARLAAS_CHUNK=1
+export MARLAAS_SIM_SCALE=600 MARLAAS_SIM_LENGTHS=lognormal:120,0.8 MARLAAS_CHUNK=1 MARLAAS_MAX_JOBS=2
 cluster_up --model models/sim/qwen3-8b --backend sim:h100 --rollouts 2 > /dev/null
+# the scheduler reads the trainers' heartbeats every second
+check "the scheduler knows the trainer's 2 job slots" wait_for 10 grep -q "async admission: at most 2 jobs running at once" "$RUN/logs/scheduler.log"
 A=$(mk_tenant alice)
 B=$(mk_tenant bob)
 SPEC=(--steps 15 --prompts 4 --group 8 --max-new 512 --eval-every 15 --eval-n 64)
@@ -29,6 +32,10 @@ for jt in "$A $J1" "$A $J2" "$B $J3"; do
     echo "$job: $st, eval $a0 -> $a1"
     check "$job finished ($st)" test "$st" = done
 done
+# at most 2 running at once: the scheduler's status lines in order, counting running - ended
+most=$(awk '/ status running/ {n++; if (n > m) m = n} / status (done|failed|cancelled)/ {n--} END {print m + 0}' "$RUN/logs/scheduler.log")
+check "at most 2 jobs ran at once ($most)" test "$most" -eq 2
+check "the trainer refused no job for lack of slots" bash -c "! grep -q 'jobs with pending data' '$RUN/logs/trainer.log'"
 # sim-easy rises from 0.30 towards 0.95 (15 steps: 0.30 + 0.65 (1 - e^-1) = 0.71); sim-hard from
 # 0.05 towards 0.60 (0.05 + 0.55 (1 - e^-0.25) = 0.17): 64 eval examples tell both apart
 a0=$(job_field "$A" "$J1" eval_acc0) a1=$(job_field "$A" "$J1" eval_acc)
@@ -63,7 +70,7 @@ check "adapter pull of a simulated job refused" test "$bad" = 1
 check "adapter pull says why" grep -q "simulated" <<< "$out"
 # a simulated task needs a simulated cluster: the scheduler refuses it on a real one
 cluster_down
-unset MARLAAS_SIM_SCALE MARLAAS_SIM_LENGTHS MARLAAS_CHUNK
+unset MARLAAS_SIM_SCALE MARLAAS_SIM_LENGTHS MARLAAS_CHUNK MARLAAS_MAX_JOBS
 cluster_up --model models/micro > /dev/null
 C=$(mk_tenant carol)
 out=$(submit "$C" --task sim-easy --steps 5 2>&1) && ok=1 || ok=0

@@ -3,9 +3,12 @@
 // the bookkeeping-only KV cache, and a generator and a training pass on a simulated engine.
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/engine/generate.h"
@@ -333,4 +336,101 @@ Test(sim, a_simulated_runtime_generates_its_lengths_and_trains_at_ratio_one) {
     cr_assert_gt(sim_modelled_seconds(s), modelled);
     rl_runtime_close(&rt);
     sim_close(&s);
+}
+
+// A shared-cores device (this machine's CPU): a step slows down while other tasks are runnable.
+static void *spin(void *arg) {
+    volatile int *stop = arg;
+    while (!*stop) {
+    }
+    return NULL;
+}
+
+static sim_t *open_shared(int cores) {
+    char err[ERR_LEN];
+    hf_config_t c = load_cfg("models/micro");
+    sim_device_t d = {.name = "cpu-test", .flops = 1e11, .bandwidth = 1e10, .memory = 8e9, .link_bandwidth = 1e9,
+                      .weight_bytes = 4, .gemm_efficiency = 1, .bandwidth_efficiency = 1, .attention_efficiency = 1,
+                      .backward_efficiency = 1, .shared_cores = cores};
+    sim_opts_t o = {.scale = 1};
+    sim_t *s = sim_open_with(&d, &c, &o, err);
+    cr_assert_not_null(s, "%s", err);
+    return s;
+}
+
+Test(sim, a_shared_cpu_step_takes_its_share_of_the_cores) {
+    // one core, one other runnable thread all along: the step gets at most half of it (the
+    // machine's other work can only slow it further)
+    sim_t *s = open_shared(1);
+    volatile int stop = 0;
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, spin, (void *)&stop), 0);
+    usleep(20000);
+    double t0 = util_now();
+    sim_wait(s, 0.1);
+    double t = util_now() - t0;
+    stop = 1;
+    pthread_join(th, NULL);
+    cr_assert_geq(t, 0.16, "0.1 s of work on 1 core beside a busy thread took %.3f s (expected about 0.2)", t);
+    cr_assert_float_eq(sim_modelled_seconds(s), 0.1, 1e-9);
+    sim_close(&s);
+    // a device of its own: the busy thread changes nothing (the step sleeps its modelled time)
+    char err[ERR_LEN];
+    hf_config_t c = load_cfg("models/micro");
+    sim_opts_t o = {.scale = 1};
+    sim_device_t d = {.name = "own", .flops = 1e11, .bandwidth = 1e10, .memory = 8e9, .link_bandwidth = 1e9,
+                      .weight_bytes = 4, .gemm_efficiency = 1, .bandwidth_efficiency = 1, .attention_efficiency = 1,
+                      .backward_efficiency = 1};
+    s = sim_open_with(&d, &c, &o, err);
+    cr_assert_not_null(s, "%s", err);
+    stop = 0;
+    cr_assert_eq(pthread_create(&th, NULL, spin, (void *)&stop), 0);
+    t0 = util_now();
+    sim_wait(s, 0.1);
+    t = util_now() - t0;
+    stop = 1;
+    pthread_join(th, NULL);
+    cr_assert_lt(t, 0.15, "a device of its own took %.3f s for 0.1 s", t);
+    sim_close(&s);
+}
+
+Test(sim, shared_cpu_simulators_see_each_other_and_a_killed_one_holds_nothing) {
+    int before = sim_host_busy();
+    cr_assert_geq(before, 0, "no shared table (/dev/shm)");
+    // a child in a step of 0.4 s (64 cores: the machine's load does not stretch it much)
+    pid_t p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0) {
+        sim_t *s = open_shared(64);
+        sim_wait(s, 0.4);
+        sim_close(&s);
+        _exit(0);
+    }
+    int seen = 0;
+    for (double t0 = util_now(); util_now() - t0 < 0.3 && !seen;) {
+        seen = sim_host_busy() > before;
+        usleep(2000);
+    }
+    int st;
+    waitpid(p, &st, 0);
+    cr_assert(seen, "the child's step was never seen in the shared table");
+    cr_assert_eq(sim_host_busy(), before, "a finished step still holds a core");
+    // killed in the middle of a long step: its claim lapses within a slice
+    p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0) {
+        sim_t *s = open_shared(64);
+        sim_wait(s, 10.0);
+        _exit(0);
+    }
+    seen = 0;
+    for (double t0 = util_now(); util_now() - t0 < 1.0 && !seen;) {
+        seen = sim_host_busy() > before;
+        usleep(2000);
+    }
+    kill(p, SIGKILL);
+    waitpid(p, &st, 0);
+    cr_assert(seen, "the second child's step was never seen");
+    usleep(20000);
+    cr_assert_eq(sim_host_busy(), before, "a killed simulator still holds a core 20 ms later");
 }
