@@ -8,13 +8,14 @@
 #
 #   bench/defaults.sh OUT_DIR          (about 45 minutes on 2 cores with models/tiny)
 #
-# Writes OUT_DIR/defaults.md, OUT_DIR/defaults.csv and OUT_DIR/defaults-work/ (bench/e2e.sh's files).
+# Writes OUT_DIR/defaults.md and OUT_DIR/defaults.csv; the run's files (bench/e2e.sh's, the
+# services' logs) go to WORK (default build/bench-defaults).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bench/defaults.sh OUT_DIR}
-: "${MODEL:=models/tiny}" "${TENANTS:=4}"
+: "${MODEL:=models/tiny}" "${TENANTS:=4}" "${WORK:=build/bench-defaults}"
 make -s all >/dev/null
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$WORK"
 TASKS=$(build/bin/marlaas tasks | awk 'NR > 1 && NF >= 3 {print $1}' | tr '\n' ' ')
 read -r -a TL <<< "$TASKS"
 N=${#TL[@]}
@@ -22,13 +23,13 @@ EVAL_N=200   # the job spec's default eval_n (jobspec_defaults in common/rl/jobs
 T0=$(date +%s)
 echo "[defaults] $N tasks on $MODEL, async, the job spec's defaults" >&2
 DEFAULTS=1 MODEL=$MODEL TENANTS=$TENANTS TASKS="$TASKS" LABEL=defaults THREADS=1 \
-    bash bench/e2e.sh async "$N" "$OUT/defaults-work" > "$OUT/defaults-work.log" 2>&1 || {
-    tail -n 5 "$OUT/defaults-work.log" >&2
+    bash bench/e2e.sh async "$N" "$WORK" > "$WORK/e2e.log" 2>&1 || {
+    tail -n 5 "$WORK/e2e.log" >&2
     exit 1
 }
 fail=0
 {
-    python3 bench/defaults.py "$OUT/defaults-work/defaults-n$N/jobs.csv" "$EVAL_N" "$OUT/defaults.csv" || fail=1
+    python3 bench/defaults.py "$WORK/defaults-n$N/jobs.csv" "$EVAL_N" "$OUT/defaults.csv" || fail=1
     echo
     echo "Setup: $N jobs, one per built-in task, on \`$MODEL\`, each submitted with \`--task\` alone (the spec's defaults),"
     echo "all at once under the async policy on one local cluster (bench/e2e.sh, one compute thread per service, $TENANTS tenants);"

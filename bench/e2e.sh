@@ -13,7 +13,7 @@
 #   timeline.csv  t, rollout busy_s / up_s / cpu_s, trainer busy_s / up_s / cpu_s, tokens, steps
 #                 (sampled every second from the services' heartbeats in Redis and /proc)
 #   jobs.csv      job, task, status, eval accuracy before / after, first / last step time, steps,
-#                 the best evaluated version's accuracy
+#                 the best evaluated version's accuracy, the prompts an eval covers
 #   steps.csv     t, job, task, step, reward, staleness (from the trainer's step log lines)
 #   run.csv       one summary row (see HEADER below; svc_cpu_s: CPU-seconds of the four services)
 #   logs/         the services' logs
@@ -113,17 +113,18 @@ awk -v t0="$T0" "$LOGT"' / step=[0-9]/ {
 WALL=$(awk -v t0="$T0" -v w="$WALL" "$LOGT"' / status (done|failed|cancelled)/ {e = logt($1)} END {printf "%.3f", (e ? e : w)}' \
        "$RUN/logs/scheduler.log")
 
-echo "job,task,status,acc0,acc,first_step_t,last_step_t,steps,best_acc" > "$D/jobs.csv"
+echo "job,task,status,acc0,acc,first_step_t,last_step_t,steps,best_acc,eval_n" > "$D/jobs.csv"
 for i in $(seq 0 $((N - 1))); do
     tok=${TOKS[$((i % TENANTS))]} job=${JOBS[$i]}
     st=$(job_field "$tok" "$job" status)
     a0=$(job_field "$tok" "$job" eval_acc0)
     a1=$(job_field "$tok" "$job" eval_acc)
     ab=$(job_field "$tok" "$job" best_acc)
+    en=$(job_field "$tok" "$job" eval_n)   # the prompts an eval covers (a small task's held-out set: fewer than asked)
     [ "$st" = done ] || ok=0
-    awk -F, -v j="$job" -v task="${TASK_LIST[$i]}" -v st="$st" -v a0="$a0" -v a1="$a1" -v ab="$ab" '
+    awk -F, -v j="$job" -v task="${TASK_LIST[$i]}" -v st="$st" -v a0="$a0" -v a1="$a1" -v ab="$ab" -v en="$en" '
         $2 == j {if (f == "") f = $1; l = $1; n++}
-        END {printf "%s,%s,%s,%s,%s,%s,%s,%d,%s\n", j, task, st, a0, a1, f, l, n, ab}' "$D/steps.raw" >> "$D/jobs.csv"
+        END {printf "%s,%s,%s,%s,%s,%s,%s,%d,%s,%s\n", j, task, st, a0, a1, f, l, n, ab, en}' "$D/steps.raw" >> "$D/jobs.csv"
 done
 echo "t,job,task,step,reward,staleness" > "$D/steps.csv"
 awk -F, 'NR == FNR {if (FNR > 1) task[$1] = $2; next} {print $1 "," $2 "," task[$2] "," $3 "," $4 "," $5}' \

@@ -14,7 +14,7 @@ Statistics (stated in the output):
   runs of a seed are separate clusters). PASS when the interval holds no value below -3 points;
 - "never worse than start": per task and policy, the mean final accuracy must not lie below the
   mean starting accuracy by more than the eval's 95 % half-width at the start (a Wilson interval
-  of EVAL_N prompts); and the best evaluated version the job keeps (best_acc) must not lie below
+  of the prompts the eval covers: EVAL_N, or fewer where a task's held-out set is smaller); and the best evaluated version the job keeps (best_acc) must not lie below
   its own start at all (it is one of the candidates).
 """
 import csv
@@ -78,7 +78,11 @@ def main():
     for t in tasks:
         start = [acc(p, s, t, "acc0") for s in seeds for p in ("sync", "async")]
         st_m = sum(start) / len(start)
-        half = wilson_half(st_m, eval_n)
+        # the prompts an eval covers (eval_n column: a task with a small held-out set has fewer
+        # than EVAL_N); runs without the column take EVAL_N
+        ns = [acc(p, s, t, "eval_n") for s in seeds for p in ("sync", "async")]
+        n_eval = int(min(ns)) if all(n == n for n in ns) else eval_n
+        half = wilson_half(st_m, n_eval)
         fin = {p: [acc(p, s, t, "acc") for s in seeds] for p in ("sync", "async")}
         d = [100 * (fin["async"][i] - fin["sync"][i]) for i in range(len(seeds))]
         pairs += d

@@ -4,12 +4,16 @@
 #
 #   bench/run.sh [--quick] [--out DIR]
 #   bench/run.sh --sim [--out DIR]
+#   bench/run.sh --defaults [--out DIR]
 #
 #   --quick   N in {1, 8} and shorter micro-benchmarks (under 8 minutes on 2 cores)
 #   full      N in {1, 4, 8, 16, 32} (under 45 minutes on 2 cores)
 #   --sim     the simulated cluster (bench/sim.sh, docs/SIMULATOR.md): the paper's table on
 #             simulated H100s, sweeps, calibration against this CPU, control-plane limits
 #             (about 15 minutes); OUT defaults to docs/benchmark
+#   --defaults the job spec's default hyper-parameters on every built-in task on models/tiny,
+#             each task's final eval against its start (bench/defaults.sh; about 50 minutes);
+#             OUT defaults to docs/benchmark
 #
 # Every run starts a fresh local cluster (redis-server + the four services on loopback) with
 # the same settings per job under both policies; see bench/e2e.sh for one run and
@@ -20,19 +24,24 @@ cd "$(dirname "$0")/.."
 
 QUICK=0
 SIM=0
+DEFAULTS=0
 OUT=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1 ;;
         --sim) SIM=1 ;;
+        --defaults) DEFAULTS=1 ;;
         --out) OUT=$2; shift ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
 if [ $SIM = 1 ]; then
     OUT=${OUT:-docs/benchmark} exec bash bench/sim.sh
+fi
+if [ $DEFAULTS = 1 ]; then
+    exec bash bench/defaults.sh "${OUT:-docs/benchmark}"
 fi
 [ -n "$OUT" ] || OUT="bench/results/$(date -u +%Y-%m-%d)-$(hostname -s)$([ $QUICK = 1 ] && echo -quick || true)"
 mkdir -p "$OUT"

@@ -1,11 +1,13 @@
 // sim_calibrate.c - measures this machine as a simulated device (the `cpu` entry of
 // common/sim/params.json, measured): the sgemm rate and the read bandwidth of one thread, then
 // the engine's real step times on a model for a set of shapes (decode and prefill steps across
-// adapters, training passes with the optimiser), and fits the device's six efficiency and
-// overhead figures (gemm_efficiency, backward_efficiency, launch_us, step_overhead_us,
-// gemm_half_rows, attention_efficiency) so that the simulator's cost
-// of each shape matches its measurement (least squares of the log ratio, on a grid). Writes a
-// parameter file for MARLAAS_SIM_PARAMS with the device "cpu-measured".
+// adapters, training passes of groups sharing their prompt as the trainer packs them, with the
+// optimiser), and fits the device's six efficiency and overhead figures (gemm_efficiency,
+// backward_efficiency, launch_us, step_overhead_us, gemm_half_rows, attention_efficiency) so
+// that the simulator's cost of each shape matches its measurement (least squares of the log
+// ratio: a grid, then each figure in turn by ever finer factors). Writes a parameter file for
+// MARLAAS_SIM_PARAMS with the device "cpu-measured", whose steps share this machine's cores
+// (shared_cores) with the other processes as the real services' steps do.
 //
 //   marlaas-sim-calibrate MODEL_DIR OUT.json
 //
@@ -129,13 +131,6 @@ static void prefill_shape(rl_runtime_t *rt, int n, int len, int n_adapters, cons
     free(rows), free(tok);
 }
 
-static void cold_caches(void) {
-    static float *junk;
-    size_t n = (size_t)atoi(getenv("CAL_COLD")) << 18;
-    if (!junk) junk = falloc(n);
-    for (size_t i = 0; i < n; i++) junk[i] += 1.0f;
-}
-
 // A training step as the trainer packs it (common/rl/batch.c, shared prompts): for each of `groups`
 // groups its prompt less the last token once (P - 1 tokens), then G samples of P + C tokens that
 // continue it (loss on the C completion tokens), groups spread over n_adapters adapters; then
@@ -170,7 +165,6 @@ static void train_shape(rl_runtime_t *rt, int groups, int G, int P, int C, int n
     enum { REPS = 9 };
     double t[REPS];
     for (int r = 0; r < REPS; r++) {
-        if (getenv("CAL_COLD")) cold_caches();
         double t0 = util_now();
         for (int a = 0; a < n_adapters; a++) k->zero(grads[a], sizeof(float) * lora_pool_get(rt->pool, a)->n_params);
         if (engine_train(rt->engine, q, n, &lc, NULL, grads, st, slots + 1, err)) {

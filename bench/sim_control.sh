@@ -7,7 +7,8 @@
 # queries the API at 50 calls/s while they run (timed); the rollouts' task counters give tasks
 # per second, Redis's own counters commands per second and memory per job, the services' CPU
 # seconds what saturates (a fifth field bounds the jobs the scheduler runs at once: --set
-# max_running); then as many long jobs again are submitted (running) and the scheduler
+# max_running; without it the bound is the trainer's job slots, which the scheduler reads from its
+# heartbeat); then as many long jobs again are submitted (running) and the scheduler
 # is restarted with all of them in Redis: the time until it is ready again. Writes OUT/sim_control.csv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -73,6 +74,9 @@ for cfg in "${CONFIGS[@]}"; do
     # (bench-api sees each end only when its round of queries reaches the job)
     slog=$(ls -td "$KEEP_LOGS"/* | head -n 1)/scheduler.log
     refused=$(grep -c "batch not used: trainer holds" "$(dirname "$slog")/trainer.log" || true)
+    # the bound on the jobs running at once the scheduler applied (the trainers' job slots it read
+    # from their heartbeats, or max_running when lower)
+    bound=$(grep -o "async admission: at most [0-9]*" "$slog" | head -n 1 | awk '{print $NF}')
     end=$(log_end "$t0" "$slog" "$JOBS")
     # rates while the jobs ran: from the last sample at or before their end (one exists after 1 s)
     read -r ts cmd1 c_sch c_red c_ver c_tra c_rol < <(awk -v e="$end" '$1 <= e || NR == 1 {l = $0} END {print l}' "$D/samples-$JOBS.txt")
@@ -85,7 +89,7 @@ for cfg in "${CONFIGS[@]}"; do
     sat=$(echo "$sat" | tr ' ' '\n' | sed '/^$/d' | sort -t= -k2 -gr | head -n 3 | paste -sd' ')
     tail -n 1 "$D/api-$JOBS.csv" | awk -F, -v j="$JOBS" -v t="$TENANTS" -v r="$R" -v v="$V" -v tasks="$tasks" \
         -v c0="$cmd0" -v c1="$cmd1" -v m0="$mem0" -v m1="$mem1" -v rs="$restart" -v sat="$sat" -v rn="${restored_n:-0}" \
-        -v end="$end" -v full="${refused:-0}" -v mr="${MAXRUN:-0}" -v ts="$ts" '
+        -v end="$end" -v full="${refused:-0}" -v mr="${bound:-${MAXRUN:-0}}" -v ts="$ts" '
         NF >= 10 {printf "%d,%d,%d,%d,%d,%.1f,%.3f,%.3f,%.3f,%.0f,%.0f,%s,%s,%.1f,%s,%s\n", j, t, r, v, mr, tasks / end, $5, $6, $4,
                   (c1 - c0) / ts, (m1 - m0) / j, rs, rn, end, full, sat}' >> "$OUT/sim_control.csv"
     echo "control $cfg: $(tail -n 1 "$OUT/sim_control.csv") ($restored)" >&2

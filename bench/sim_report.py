@@ -123,10 +123,11 @@ if ctl:
              f"at {big['jobs']} jobs they use {cores:.2f} of the {os.cpu_count()} cores ({big['saturated']}), the "
              f"rollout processes' host loops (one process per simulated device) first; the scheduler and Redis stay "
              f"well below a core and the API's p99 in milliseconds. What limits first is the trainer's job slots: a "
-             f"trainer whose slots all hold jobs with pending data refuses other jobs' batches (the column before "
-             f"last: their rollouts are wasted and issued again), and those refusals grow with the jobs while tasks/s "
-             f"falls. Bounding the jobs the scheduler runs at once below the trainer's slots (`--set max_running`, "
-             f"added for this) removes them at the same end time.")
+             f"trainer whose slots all hold jobs with pending data refuses other jobs' batches (their rollouts are "
+             f"wasted and issued again), and such refusals grew with the jobs while tasks/s fell. The scheduler now "
+             f"runs no more jobs at once than the trainers' job slots, which it reads from their heartbeats (the "
+             f"column 'running at once'; `--set max_running` bounds it further), and the column before last counts "
+             f"the refusals left.")
     L.append("")
     if best:
         L.append(f"Largest configuration measured with API p99 under 100 ms: {best['jobs']} jobs of {best['tenants']} "

@@ -355,7 +355,7 @@ static void shared_wait(sim_t *s, double work) {
     s->shared_end = now;
 }
 
-int sim_host_busy(void) {
+int sim_host_busy(int pid) {
     pthread_once(&host_once, host_open);
     if (!host_tab) return -1;
     int64_t now = mono_ns();
@@ -363,7 +363,7 @@ int sim_host_busy(void) {
     int n = 0;
     for (int i = 0; i < HOST_SLOTS; i++) {
         int32_t p = atomic_load(&host_tab[i].pid);
-        n += p && p != me && atomic_load(&host_tab[i].busy_until_ns) > now;
+        n += p && (pid ? p == pid : p != me) && atomic_load(&host_tab[i].busy_until_ns) > now;
     }
     return n;
 }

@@ -79,9 +79,10 @@ typedef struct sim sim_t;
 sim_t *sim_open(const char *name, const hf_config_t *mc, const sim_opts_t *o, char *err);
 // The same for a device given field by field (calibration: bench/sim_calibrate.c).
 sim_t *sim_open_with(const sim_device_t *d, const hf_config_t *mc, const sim_opts_t *o, char *err);
-// Simulators of a shared-cores device (sim_device_t.shared_cores) in other processes of this
-// machine (this uid) whose modelled step holds a core now; -1 without the shared table.
-int sim_host_busy(void);
+// Simulators of a shared-cores device (sim_device_t.shared_cores) of process pid (0: of every
+// other process of this machine and uid) whose modelled step holds a core now; -1 without the
+// shared table.
+int sim_host_busy(int pid);
 void sim_close(sim_t **s);
 const sim_device_t *sim_device(const sim_t *s);
 double sim_scale(const sim_t *s);
