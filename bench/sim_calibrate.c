@@ -301,10 +301,10 @@ int main(int argc, char **argv) {
                       .host_overlap = 0};
     sim_device_t best = d;
     double best_e = INFINITY;
-    for (double be = 0.5; be <= 1.0; be += 0.05)
+    for (double be = 0.5; be <= 1.0; be += 0.1)
     for (double ge = 0.02; ge <= 1.0; ge *= 1.5)
-        for (double lu = 0.01; lu < 40; lu *= 1.6)
-            for (double su = 0; su < 800; su = su < 1 ? 2 : su * 1.8)
+        for (double lu = 0.01; lu < 40; lu *= 2.5)
+            for (double su = 0; su < 800; su = su < 1 ? 2 : su * 3)
                 for (double hr = 0.25; hr <= 512; hr *= 4)
                     for (double ae = 0.002; ae <= 0.6; ae *= 2) {
                         d.backward_efficiency = be, d.gemm_efficiency = ge, d.launch_s = lu * 1e-6, d.step_overhead_s = su * 1e-6, d.gemm_half_rows = hr;

@@ -5,12 +5,14 @@
 # models/micro), then runs the benchmark's jobs on models/micro twice for each N in CAL_N
 # (default "1 8 32"; 400 / N steps per job, at least CAL_STEPS = 40), async: once computed on the CPU, once simulated with that device at time
 # scale 1 (every real overhead the same in both), completions drawn from a lognormal whose mean
-# is the real run's mean completion length (sigma CAL_SIGMA, 0.7). Writes OUT/sim_calibration.csv
-# (measured and predicted end-to-end time and busy fractions) and OUT/sim_calibration_device.csv.
+# is the real run's mean completion length (sigma CAL_SIGMA, 0.7); CAL_REPEAT (2) pairs of runs
+# per N, in turn, and the means of each side (a run's time moves by up to 10 % from one to the
+# next on this machine). Writes OUT/sim_calibration.csv (measured and predicted end-to-end time and
+# busy fractions) and OUT/sim_calibration_device.csv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$1 WORK=$2
-: "${CAL_N:=1 8 32}" "${CAL_STEPS:=40}" "${CAL_SIGMA:=0.7}"
+: "${CAL_N:=1 8 32}" "${CAL_STEPS:=40}" "${CAL_SIGMA:=0.7}" "${CAL_REPEAT:=2}"
 D=$WORK/calibration
 rm -rf "$D"
 mkdir -p "$D"
@@ -27,18 +29,31 @@ export MODEL=models/micro STEPS=$CAL_STEPS PROMPTS=16 GROUP=8 TEMP=1.3 LR=0.003 
 export TASKS="vowels wrap rep csort pad len add1 sub1 mul1 inc pal cmp parity issort count mod xor words max min paren upper rev mul21 second sub2 dsum dedup calc twice spread add2"
 echo "n,policy,real_s,pred_s,real_roll,pred_roll,real_train,pred_train,mean_len" > "$OUT/sim_calibration.csv"
 field() { awk -F, -v c="$2" 'NR == 1 {for (i = 1; i <= NF; i++) if ($i == c) k = i} NR == 2 {print $k}' "$1"; }
+# the mean of a field over the runs LABEL-r1 .. LABEL-rR (each run's run.csv)
+mean_of() {
+    local label=$1 col=$2 r v t=0
+    for r in $(seq 1 "$CAL_REPEAT"); do
+        v=$(field "$D/$label-r$r/run.csv" "$col")
+        t=$(awk -v a="$t" -v b="$v" 'BEGIN {printf "%.6f", a + b}')
+    done
+    awk -v a="$t" -v n="$CAL_REPEAT" 'BEGIN {printf "%.4f", a / n}'
+}
 for n in $CAL_N; do
     # about the same work per run: 400 / N steps per job, at least CAL_STEPS
     STEPS=$(( 400 / n > CAL_STEPS ? 400 / n : CAL_STEPS ))
     export STEPS
-    LABEL=real bash bench/e2e.sh async "$n" "$D" > "$D/real-n$n.log" 2>&1
-    # the real completions' mean length, from the trainer's step lines (gen_tokens / samples)
-    m=$(grep -h " step=" "$D/real-n$n/logs/trainer.log" | sed -n 's/.* gen_tokens=\([0-9]*\).*/\1/p' |
-        awk -v s=$((PROMPTS * GROUP)) '{t += $1; n++} END {printf "%.2f", t / (n * s)}')
-    med=$(awk -v m="$m" -v s="$CAL_SIGMA" 'BEGIN {printf "%.3f", m / exp(s * s / 2)}')
-    MARLAAS_BACKEND=sim:cpu-measured MARLAAS_SIM_PARAMS="$(realpath "$D/cpu_params.json")" MARLAAS_SIM_SCALE=1 \
-        MARLAAS_SIM_LENGTHS="lognormal:$med,$CAL_SIGMA" LABEL=sim bash bench/e2e.sh async "$n" "$D" > "$D/sim-n$n.log" 2>&1
-    r=$D/real-n$n/run.csv s=$D/sim-n$n/run.csv
-    echo "$n,async,$(field "$r" wall_s),$(field "$s" wall_s),$(field "$r" roll_busy),$(field "$s" roll_busy),$(field "$r" train_busy),$(field "$s" train_busy),$m" >> "$OUT/sim_calibration.csv"
+    for rep in $(seq 1 "$CAL_REPEAT"); do
+        # computed, then simulated, in turn: a slow spell of the machine falls on both
+        LABEL=real-n$n-r$rep bash bench/e2e.sh async "$n" "$D" > "$D/real-n$n-r$rep.log" 2>&1
+        mv "$D/real-n$n-r$rep-n$n" "$D/real-n$n-r$rep"
+        # the real completions' mean length, from the trainer's step lines (gen_tokens / samples)
+        m=$(grep -h " step=" "$D/real-n$n-r$rep/logs/trainer.log" | sed -n 's/.* gen_tokens=\([0-9]*\).*/\1/p' |
+            awk -v s=$((PROMPTS * GROUP)) '{t += $1; n++} END {printf "%.2f", t / (n * s)}')
+        med=$(awk -v m="$m" -v s="$CAL_SIGMA" 'BEGIN {printf "%.3f", m / exp(s * s / 2)}')
+        MARLAAS_BACKEND=sim:cpu-measured MARLAAS_SIM_PARAMS="$(realpath "$D/cpu_params.json")" MARLAAS_SIM_SCALE=1 \
+            MARLAAS_SIM_LENGTHS="lognormal:$med,$CAL_SIGMA" LABEL=sim-n$n-r$rep bash bench/e2e.sh async "$n" "$D" > "$D/sim-n$n-r$rep.log" 2>&1
+        mv "$D/sim-n$n-r$rep-n$n" "$D/sim-n$n-r$rep"
+    done
+    echo "$n,async,$(mean_of real-n$n wall_s),$(mean_of sim-n$n wall_s),$(mean_of real-n$n roll_busy),$(mean_of sim-n$n roll_busy),$(mean_of real-n$n train_busy),$(mean_of sim-n$n train_busy),$m" >> "$OUT/sim_calibration.csv"
     tail -n 1 "$OUT/sim_calibration.csv" >&2
 done
