@@ -10,7 +10,7 @@
 #   full      N in {1, 4, 8, 16, 32} (under 45 minutes on 2 cores)
 #   --sim     the simulated cluster (bench/sim.sh, docs/SIMULATOR.md): the paper's table on
 #             simulated H100s, sweeps, calibration against this CPU, control-plane limits
-#             (about 15 minutes); OUT defaults to docs/benchmark
+#             (13 minutes on a 2-core Xeon, 29 on a 2-core EPYC VM); OUT defaults to docs/benchmark
 #   --defaults the job spec's default hyper-parameters on every built-in task on models/tiny,
 #             each task's final eval against its start (bench/defaults.sh; about 50 minutes);
 #             OUT defaults to docs/benchmark

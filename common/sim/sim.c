@@ -40,6 +40,8 @@ struct sim {
     int host_slot;       // shared_cores: this simulator's entry in the host table, -1 before the first step
     int others;          // shared_cores: the machine's other runnable computations, read at load_read
     int64_t load_read, shared_end;
+    double load;         // shared_cores: the fraction of time in steps, over about LOAD_TAU_S
+    int64_t load_t;      // when load was last brought up to date
 };
 
 static double thread_cpu(void) {
@@ -254,12 +256,18 @@ fail:
 // kernel's scheduler treats a CPU-bound service beside woken ones (run queues are balanced
 // lazily, a woken task preempts the running one): measured on 2 cores, the real trainer waits in
 // its run queue for a fifth to a quarter of its CPU time while the services' demand averages
-// about 1.1 cores, where an ideal share of the 2 cores would let it run undisturbed. Entries of
-// processes that died are taken over; a step's claim lapses on its own (busy_until), so a killed
-// process holds nothing.
+// about 1.1 cores, where an ideal share of the 2 cores would let it run undisturbed. The share is
+// not symmetric: the kernel runs first the task that has run least (its virtual runtime), so a
+// step yields only to the tasks that compute a smaller fraction of their time than it does. The
+// machine's other tasks (verifiers, the scheduler, Redis, the services' socket threads) compute
+// little and always count; another simulator counts when its busy fraction (over about a second,
+// published in the table) is not above this one's. Entries of processes that died are taken
+// over; a step's claim lapses on its own (busy_until), so a killed process holds nothing.
 #define HOST_SLOTS 512
+#define LOAD_TAU_S 1.0   // the busy fraction's time constant
 typedef struct {
     _Atomic int32_t pid;
+    _Atomic int32_t load_pm;   // its busy fraction, per mille
     _Atomic int64_t busy_until_ns;
 } host_slot_t;
 
@@ -268,7 +276,7 @@ static pthread_once_t host_once = PTHREAD_ONCE_INIT;
 
 static void host_open(void) {
     char name[64];
-    snprintf(name, sizeof name, "/marlaas-sim-cores-%u", (unsigned)getuid());
+    snprintf(name, sizeof name, "/marlaas-sim-cores-v2-%u", (unsigned)getuid());
     int fd = shm_open(name, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
     size_t size = sizeof(host_slot_t) * HOST_SLOTS;
     if (fd < 0 || ftruncate(fd, (off_t)size)) {
@@ -300,6 +308,7 @@ static int host_claim(void) {
         int32_t p = atomic_load(&host_tab[i].pid);
         if ((p == 0 || (p != me && kill(p, 0) && errno == ESRCH)) && atomic_compare_exchange_strong(&host_tab[i].pid, &p, me)) {
             atomic_store(&host_tab[i].busy_until_ns, 0);
+            atomic_store(&host_tab[i].load_pm, 0);
             return i;
         }
     }
@@ -309,7 +318,8 @@ static int host_claim(void) {
 }
 
 // Runnable tasks of the machine other than the caller (the 4th field of /proc/loadavg counts
-// the reader), plus the other simulators whose modelled step holds a core now.
+// the reader), plus the other simulators whose modelled step holds a core now and whose busy
+// fraction is not above the caller's.
 static int host_others(const sim_t *s, int64_t now) {
     int others = 0;
     char buf[128];
@@ -320,8 +330,11 @@ static int host_others(const sim_t *s, int64_t now) {
         int run = 0;
         if (n > 0 && (buf[n] = 0, sscanf(buf, "%*s %*s %*s %d/", &run) == 1) && run > 1) others += run - 1;
     }
+    int mine = (int)(s->load * 1000);
     for (int i = 0; host_tab && i < HOST_SLOTS; i++)
-        if (i != s->host_slot && atomic_load(&host_tab[i].pid) && atomic_load(&host_tab[i].busy_until_ns) > now) others++;
+        if (i != s->host_slot && atomic_load(&host_tab[i].pid) && atomic_load(&host_tab[i].busy_until_ns) > now &&
+            atomic_load(&host_tab[i].load_pm) <= mine)
+            others++;
     return others;
 }
 
@@ -336,6 +349,10 @@ static void shared_wait(sim_t *s, double work) {
     int64_t now = mono_ns();
     if ((double)(now - s->shared_end) * 1e-9 <= s->late + 1e-4) work -= s->late;
     s->late = 0;
+    // the busy fraction decays over the idle time since the last step
+    if (s->load_t) s->load *= exp(-(double)(now - s->load_t) * 1e-9 / LOAD_TAU_S);
+    s->load_t = now;
+    if (me) atomic_store(&me->load_pm, (int32_t)(s->load * 1000));
     while (work > 1e-7) {
         if (now - s->load_read > 500000) s->others = host_others(s, now), s->load_read = now;
         int others = s->others;
@@ -348,8 +365,12 @@ static void shared_wait(sim_t *s, double work) {
         }
         int64_t t = mono_ns();
         work -= (double)(t - now) * 1e-9 * rate;
+        double k = exp(-(double)(t - now) * 1e-9 / LOAD_TAU_S);
+        s->load = s->load * k + (1 - k);
+        if (me) atomic_store(&me->load_pm, (int32_t)(s->load * 1000));
         now = t;
     }
+    s->load_t = now;
     if (me) atomic_store(&me->busy_until_ns, 0);
     s->late = work < 0 ? -work : 0;
     s->shared_end = now;
