@@ -339,10 +339,9 @@ static int host_others(const sim_t *s, int64_t now) {
 }
 
 // `work` wall seconds of a whole core, in slices of at most a millisecond, each at the share of a
-// core the machine's load leaves it.
-// A sleep that woke late did that much of the next step's work, when the next step follows at
-// once (as sim_wait's late wake-ups on a device of its own); the machine's load is read at most
-// every half millisecond.
+// core the machine's load leaves it (read at most every half millisecond). A sleep that woke late
+// did that much of the next step's work when the next step follows at once, as sim_wait's late
+// wake-ups on a device of its own.
 static void shared_wait(sim_t *s, double work) {
     if (s->host_slot < 0) s->host_slot = host_claim();
     host_slot_t *me = s->host_slot >= 0 ? &host_tab[s->host_slot] : NULL;
@@ -549,12 +548,6 @@ double sim_cost(const sim_t *s, const sim_seq_t *seqs, int n, sim_mode_t mode, i
     return t + d->step_overhead_s;
 }
 
-static double mono(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 void sim_wait(sim_t *s, double dt) {
     if (!(dt > 0)) return;
     s->modelled += dt;
@@ -572,7 +565,7 @@ void sim_wait(sim_t *s, double dt) {
     // or when the host issued it, whichever is later. The host's work since the last step (this
     // thread's CPU time, plus how late the last sleep woke up) overlapped the device's time, as a
     // GPU runtime's asynchronous launches do: the step counts as issued that much before now.
-    double now = mono(), cpu = thread_cpu();
+    double now = (double)mono_ns() * 1e-9, cpu = thread_cpu();
     double host = (s->d.host_overlap > 0 && s->cpu_mark > 0 ? cpu - s->cpu_mark : 0.0) + s->late;
     // Only work done right after the last step (the thread busy since it woke) can have overlapped
     // it, and no more than its length; after an idle wait (a gap longer than that work) the step
@@ -590,7 +583,7 @@ void sim_wait(sim_t *s, double dt) {
         struct timespec ts = {.tv_sec = (time_t)end, .tv_nsec = (long)((end - (double)(time_t)end) * 1e9)};
         while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
         }
-        double woke = mono();
+        double woke = (double)mono_ns() * 1e-9;
         s->late = woke - end > 0 ? woke - end : 0.0;
     }
     s->deadline = end;
