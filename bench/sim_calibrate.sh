@@ -4,15 +4,16 @@
 # and read bandwidth of one thread, the engine's overheads fitted to measured steps of
 # models/micro), then runs the benchmark's jobs on models/micro twice for each N in CAL_N
 # (default "1 8 32"; 400 / N steps per job, at least CAL_STEPS = 40), async: once computed on the CPU, once simulated with that device at time
-# scale 1 (every real overhead the same in both), completions drawn from a lognormal whose mean
-# is the real run's mean completion length (sigma CAL_SIGMA, 0.7); CAL_REPEAT (2) pairs of runs
+# scale 1 (every real overhead the same in both), completions drawn from a lognormal with the
+# real run's mean completion length and variance (from the trainer's per-step token counts;
+# CAL_SIGMA sets the lognormal's sigma instead); CAL_REPEAT (2) pairs of runs
 # per N, in turn, and the means of each side (a run's time moves by up to 10 % from one to the
 # next on this machine). Writes OUT/sim_calibration.csv (measured and predicted end-to-end time and
 # busy fractions) and OUT/sim_calibration_device.csv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$1 WORK=$2
-: "${CAL_N:=1 8 32}" "${CAL_STEPS:=40}" "${CAL_SIGMA:=0.7}" "${CAL_REPEAT:=2}"
+: "${CAL_N:=1 8 32}" "${CAL_STEPS:=40}" "${CAL_REPEAT:=2}"
 D=$WORK/calibration
 rm -rf "$D"
 mkdir -p "$D"
@@ -46,12 +47,28 @@ for n in $CAL_N; do
         # computed, then simulated, in turn: a slow spell of the machine falls on both
         LABEL=real-n$n-r$rep bash bench/e2e.sh async "$n" "$D" > "$D/real-n$n-r$rep.log" 2>&1
         mv "$D/real-n$n-r$rep-n$n" "$D/real-n$n-r$rep"
-        # the real completions' mean length, from the trainer's step lines (gen_tokens / samples)
-        m=$(grep -h " step=" "$D/real-n$n-r$rep/logs/trainer.log" | sed -n 's/.* gen_tokens=\([0-9]*\).*/\1/p' |
-            awk -v s=$((PROMPTS * GROUP)) '{t += $1; n++} END {printf "%.2f", t / (n * s)}')
-        med=$(awk -v m="$m" -v s="$CAL_SIGMA" 'BEGIN {printf "%.3f", m / exp(s * s / 2)}')
+        # the real completions' length distribution, from the trainer's step lines (gen_tokens of
+        # PROMPTS x GROUP samples): the mean, and the variance of one sample (within a job, the
+        # variance of a step's sum over its samples, plus the variance of the jobs' means); the
+        # lognormal of that mean and variance (its sigma: CAL_SIGMA when set)
+        read -r m med sg < <(grep -h " step=" "$D/real-n$n-r$rep/logs/trainer.log" |
+            sed -n 's/.* job=\([^ ]*\) .* gen_tokens=\([0-9]*\).*/\1 \2/p' |
+            python3 -c '
+import math, sys
+S, fixed = int(sys.argv[1]), sys.argv[2]
+per = {}
+for line in sys.stdin:
+    j, t = line.split()
+    per.setdefault(j, []).append(int(t) / S)
+means = {j: sum(v) / len(v) for j, v in per.items()}
+m = sum(sum(v) for v in per.values()) / sum(len(v) for v in per.values())
+within = sum(sum((x - means[j]) ** 2 for x in v) * S for j, v in per.items()) / sum(len(v) for v in per.values())
+between = sum(len(per[j]) * (means[j] - m) ** 2 for j in per) / sum(len(v) for v in per.values())
+sg = float(fixed) if fixed else min(4.0, math.sqrt(math.log(1 + (within + between) / (m * m))))
+print(f"{m:.3f} {max(1.0, m / math.exp(sg * sg / 2)):.3f} {sg:.3f}")' $((PROMPTS * GROUP)) "${CAL_SIGMA:-}")
+        echo "N=$n run $rep: completions of mean $m tokens, lognormal median $med sigma $sg" >&2
         MARLAAS_BACKEND=sim:cpu-measured MARLAAS_SIM_PARAMS="$(realpath "$D/cpu_params.json")" MARLAAS_SIM_SCALE=1 \
-            MARLAAS_SIM_LENGTHS="lognormal:$med,$CAL_SIGMA" LABEL=sim-n$n-r$rep bash bench/e2e.sh async "$n" "$D" > "$D/sim-n$n-r$rep.log" 2>&1
+            MARLAAS_SIM_LENGTHS="lognormal:$med,$sg" LABEL=sim-n$n-r$rep bash bench/e2e.sh async "$n" "$D" > "$D/sim-n$n-r$rep.log" 2>&1
         mv "$D/sim-n$n-r$rep-n$n" "$D/sim-n$n-r$rep"
     done
     echo "$n,async,$(mean_of real-n$n wall_s),$(mean_of sim-n$n wall_s),$(mean_of real-n$n roll_busy),$(mean_of sim-n$n roll_busy),$(mean_of real-n$n train_busy),$(mean_of sim-n$n train_busy),$m" >> "$OUT/sim_calibration.csv"
