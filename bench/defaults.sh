@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # defaults.sh - the job spec's default hyper-parameters on every built-in task: one job per task
 # (`marlaas tasks`), each submitted with its task alone (every other setting the spec's default:
-# 200 steps of 32 prompts x 8 samples, lr 3e-3, greedy eval of 200 prompts every 25 steps), all
+# 200 steps of 32 prompts x 8 samples, lr 1e-3, greedy eval of 200 prompts every 25 steps), all
 # at once on one local cluster of MODEL (default models/tiny) under the async policy. Then, per
 # task, its eval before training and at the end, its best evaluated version, and the check that
 # no task ends below its start by more than the eval's 95 % half-width (bench/defaults.py).

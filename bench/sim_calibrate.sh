@@ -7,7 +7,7 @@
 # scale 1 (every real overhead the same in both), completions drawn from a lognormal with the
 # real run's mean completion length and variance (from the trainer's per-step token counts;
 # CAL_SIGMA sets the lognormal's sigma instead); CAL_REPEAT (2) pairs of runs
-# per N, in turn, and the means of each side (a run's time moves by up to 10 % from one to the
+# per N, in turn, and the means of each side (a run's time moves by up to 25 % from one to the
 # next on this machine). Writes OUT/sim_calibration.csv (measured and predicted end-to-end time and
 # busy fractions) and OUT/sim_calibration_device.csv.
 set -euo pipefail

@@ -28,7 +28,7 @@ static void usage(void) {
            "                           [--kl BETA] [--clip-low E] [--clip-high E] [--no-std] [--eval-every K]\n"
            "                           [--eval-n N] [--seed S] [--metrics FILE.jsonl] [--chat [--system TEXT]]\n"
            "                           [--weights fp32|bf16] [--max-context N]\n"
-           "defaults: steps 200, group 8, prompts 32, lr 3e-3, rank 8, alpha 16, all targets, temperature 1,\n"
+           "defaults: steps 200, group 8, prompts 32, lr 1e-3, rank 8, alpha 16, all targets, temperature 1,\n"
            "top-p 1, max-new 24, kl 0, clip 0.2/0.28, std-normalised advantages, eval every 25 steps on 200 examples\n"
            "  --chat          prompts (and \"messages\" records) go through the model's chat template; completions\n"
            "                  end at the model's end-of-turn token, not at the first newline\n"
@@ -58,7 +58,7 @@ static int parse_targets(const char *s, unsigned *mask) {
 
 static int parse(int argc, char **argv, opts_t *o) {
     *o = (opts_t){.targets = "all", .steps = 200, .group = 8, .prompts = 32, .rank = 8, .eval_every = 25,
-                  .eval_n = 200, .max_new = 24, .seed = 1, .lr = 3e-3, .alpha = 16, .temperature = 1.0,
+                  .eval_n = 200, .max_new = 24, .seed = 1, .lr = 1e-3, .alpha = 16, .temperature = 1.0,
                   .clip_low = 0.2, .clip_high = 0.28, .top_p = 1.0};
     static struct option lo[] = {
         {"model", required_argument, 0, 'm'},       {"task", required_argument, 0, 't'},

@@ -21,7 +21,7 @@ void jobspec_defaults(jobspec_t *s) {
     s->max_new = 24;
     s->temperature = 1.0;
     s->top_p = 1.0;
-    s->lr = 3e-3;
+    s->lr = 1e-3;
     s->rank = 8;
     s->alpha = 16.0;
     s->targets = LORA_ALL_TARGETS;

@@ -32,7 +32,7 @@ typedef struct {
     double temperature;           // (0, 10] (default 1)
     double top_p;                 // (0, 1] (default 1)
     int top_k;                   // >= 0 (default 0 = off)
-    double lr;                    // (0, 1] (default 3e-3)
+    double lr;                    // (0, 1] (default 1e-3: bench/defaults.sh, docs/benchmark/defaults.md)
     int rank;                    // LoRA rank 1..256 (default 8)
     double alpha;                 // LoRA alpha > 0 (default 16)
     unsigned targets;            // LoRA targets bit mask (default all seven)

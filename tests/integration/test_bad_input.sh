@@ -26,7 +26,7 @@ B=$(mk_tenant bob)
 fail=0
 
 # --- fuzz every bound socket while a job runs -------------------------------------------------
-job=$(submit "$A" --task vowels --steps 300 --prompts 16 --eval-every 300 --eval-n 100)
+job=$(submit "$A" --task vowels --steps 300 --prompts 16 --eval-every 300 --eval-n 100 --lr 0.003)
 jb=$(submit "$B" --task pad --steps 5 --prompts 8 --eval-every 5 --eval-n 20)
 st0=$(job_field "$A" "$job" status)
 COUNT=${FUZZ_COUNT:-300}

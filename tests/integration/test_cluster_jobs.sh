@@ -12,7 +12,7 @@ MARGIN=${MARGIN:-2}
 cluster_up --model models/micro
 A=$(mk_tenant alice)
 B=$(mk_tenant bob)
-spec='--steps 300 --prompts 32 --group 8 --eval-every 150 --eval-n 400'
+spec='--steps 300 --prompts 32 --group 8 --eval-every 150 --eval-n 400 --lr 0.003'
 j1=$(submit "$A" --task vowels $spec)
 j2=$(submit "$B" --task csort $spec)
 j3=$(submit "$A" --task dedup $spec)

@@ -49,7 +49,7 @@ start_group a 30
 check "rank 1 joined" grep -q "ready: data-parallel rank 1 of 2" "$G_LOG"
 check "rank 0 formed the group" grep -q "data-parallel ranks 2" "$G_LOG"
 T=$(mk_tenant dp)
-spec='--steps 200 --prompts 32 --group 8 --eval-every 100 --eval-n 400'
+spec='--steps 200 --prompts 32 --group 8 --eval-every 100 --eval-n 400 --lr 0.003'
 j1=$(submit "$T" --task vowels $spec)
 j2=$(submit "$T" --task wrap $spec)
 start=$(date +%s)

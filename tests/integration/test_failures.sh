@@ -16,7 +16,7 @@ set -euo pipefail
 source tests/integration/lib.sh
 
 STEPS=80
-SPEC="--steps $STEPS --prompts 16 --eval-every 40 --eval-n 100"
+SPEC="--steps $STEPS --prompts 16 --eval-every 40 --eval-n 100 --lr 0.003"
 TASKS="vowels pad rep"
 LEASES=(--set lease_s=3 --set train_lease_s=5)
 KILL_AFTER=10       # a failure hits once some job has passed this step

@@ -163,7 +163,7 @@ jobs_done() {   # jobs_done TIMEOUT JOB...: every job reaches "done"
 
 # --- phase 1: jobs finish across the three hosts --------------------------------------------
 t0=$(date +%s)
-spec='--steps 150 --prompts 16 --group 8 --eval-every 0 --eval-n 64'
+spec='--steps 150 --prompts 16 --group 8 --eval-every 0 --eval-n 64 --lr 0.003'
 a=$(cli submit --token "$T" --task vowels $spec)
 b=$(cli submit --token "$T" --task len $spec)
 check "phase 1 jobs done" jobs_done 240 "$a" "$b"
@@ -177,7 +177,7 @@ check "rollout on host 3 generated" gt "$k3" 0
 
 # --- phase 2: host 2's link is cut mid-run ---------------------------------------------------
 t0=$(date +%s)
-spec='--steps 400 --prompts 16 --group 8 --eval-every 0 --eval-n 64'
+spec='--steps 400 --prompts 16 --group 8 --eval-every 0 --eval-n 64 --lr 0.003'
 c=$(cli submit --token "$T" --task vowels $spec)
 d=$(cli submit --token "$T" --task len $spec)
 for _ in $(seq 1 200); do

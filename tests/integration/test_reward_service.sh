@@ -75,7 +75,7 @@ cluster_up --model models/micro || up_rc=$?
 trap cleanup EXIT   # cluster_up installed its own
 [ "$up_rc" -eq 0 ] || { echo "reward service: marlaas up failed"; exit 1; }
 T=$(mk_tenant rewards)
-small='--steps 60 --prompts 16 --eval-every 60 --eval-n 100'
+small='--steps 60 --prompts 16 --eval-every 60 --eval-n 100 --lr 0.003'
 fail=0
 
 # --- phase 1: the example service scores a job; a built-in job runs beside it ----------------

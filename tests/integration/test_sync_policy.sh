@@ -22,7 +22,7 @@ JOB_TOL=25
 MEAN_TOL=10
 TASKS=(vowels pad rep wrap)
 EVAL_N=400
-SPEC="--steps 150 --prompts 16 --group 8 --eval-every 150 --eval-n $EVAL_N --temperature 1.3"
+SPEC="--steps 150 --prompts 16 --group 8 --eval-every 150 --eval-n $EVAL_N --temperature 1.3 --lr 0.003"
 fail=0
 declare -A STATUS ACC0 ACC N WALL RUNS STALE MAXSTALE
 # the eval size of each task: its distinct held-out prompts, at most EVAL_N

@@ -9,7 +9,7 @@ BIN=${MARLAAS_BIN:-build/bin}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 line=$("$BIN"/marlaas train-local --model models/micro --task "$TASK" --steps "$STEPS" --eval-every "$STEPS" \
-       --eval-n 400 --out "$out/adapter" --seed 3 2> "$out/log" | tail -n 1) || { tail -n 20 "$out/log"; exit 1; }
+       --eval-n 400 --lr 0.003 --out "$out/adapter" --seed 3 2> "$out/log" | tail -n 1) || { tail -n 20 "$out/log"; exit 1; }
 read -r task before after steps secs <<< "$line"
 # the adapter written is a loadable PEFT adapter that reproduces the final accuracy
 check=$("$BIN"/marlaas eval --model models/micro --adapter "$out/adapter" --task "$TASK" --n 400 | tail -n 1)
