@@ -444,7 +444,7 @@ int cmd_demo(int argc, char **argv) {
         char spec[512];
         snprintf(spec, sizeof spec,
                  "{\"task\": \"%s\", \"max_steps\": %ld, \"prompts\": 64, \"group\": 8, \"temperature\": 1.3,"
-                 " \"eval_every\": 25, \"eval_n\": 400}", tasks[i], demo_steps);
+                 " \"lr\": 0.003, \"eval_every\": 25, \"eval_n\": 400}", tasks[i], demo_steps);
         proto_args_t a = {0};
         proto_args_str(&a, "spec", spec);
         proto_rep_t rep;
