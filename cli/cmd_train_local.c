@@ -12,6 +12,7 @@
 #include "cli/cli.h"
 #include "common/engine/optim.h"
 #include "common/rl/batch.h"
+#include "common/rl/jobspec.h"
 #include "common/rl/rl.h"
 
 typedef struct {
@@ -28,8 +29,9 @@ static void usage(void) {
            "                           [--kl BETA] [--clip-low E] [--clip-high E] [--no-std] [--eval-every K]\n"
            "                           [--eval-n N] [--seed S] [--metrics FILE.jsonl] [--chat [--system TEXT]]\n"
            "                           [--weights fp32|bf16] [--max-context N]\n"
-           "defaults: steps 200, group 8, prompts 32, lr 1e-3, rank 8, alpha 16, all targets, temperature 1,\n"
-           "top-p 1, max-new 24, kl 0, clip 0.2/0.28, std-normalised advantages, eval every 25 steps on 200 examples\n"
+           "defaults: those of a job spec (marlaas submit; README): steps 200, group 8, prompts 32, lr 1e-3,\n"
+           "rank 8, alpha 16, all targets, temperature 1, top-p 1, max-new 24, kl 0, clip 0.2/0.28,\n"
+           "std-normalised advantages, eval every 25 steps on 200 examples\n"
            "  --chat          prompts (and \"messages\" records) go through the model's chat template; completions\n"
            "                  end at the model's end-of-turn token, not at the first newline\n"
            "  --system TEXT   a system message before each prompt (needs --chat)\n"
@@ -57,9 +59,13 @@ static int parse_targets(const char *s, unsigned *mask) {
 }
 
 static int parse(int argc, char **argv, opts_t *o) {
-    *o = (opts_t){.targets = "all", .steps = 200, .group = 8, .prompts = 32, .rank = 8, .eval_every = 25,
-                  .eval_n = 200, .max_new = 24, .seed = 1, .lr = 1e-3, .alpha = 16, .temperature = 1.0,
-                  .clip_low = 0.2, .clip_high = 0.28, .top_p = 1.0};
+    // the job spec's defaults (one copy: jobspec_defaults)
+    jobspec_t d;
+    jobspec_defaults(&d);
+    *o = (opts_t){.targets = "all", .steps = d.max_steps, .group = d.group, .prompts = d.prompts, .rank = d.rank,
+                  .eval_every = d.eval_every, .eval_n = d.eval_n, .max_new = d.max_new, .seed = (long)d.seed,
+                  .lr = d.lr, .alpha = d.alpha, .temperature = d.temperature, .kl = d.kl, .clip_low = d.clip_low,
+                  .clip_high = d.clip_high, .top_p = d.top_p, .no_std = !d.std_norm};
     static struct option lo[] = {
         {"model", required_argument, 0, 'm'},       {"task", required_argument, 0, 't'},
         {"dataset", required_argument, 0, 'd'},     {"verifier", required_argument, 0, 'V'},
