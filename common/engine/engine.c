@@ -67,6 +67,7 @@ struct engine {
     const float *step_logits;    // engine_step's rows kept in backend memory (logits == NULL)
     sim_t *sim;                  // the simulated backend: steps cost modelled time (engine_set_sim)
     sim_seq_t *sseq;             // (sim_cap) its per-sequence descriptions
+    bool sim_defer;              // engine_step counts its modelled time without waiting (sim_defer)
     int sim_cap;
 };
 
@@ -109,6 +110,7 @@ model_t *engine_model(engine_t *e) { return e->m; }
 
 void engine_set_sim(engine_t *e, sim_t *sim) { e->sim = sim; }
 sim_t *engine_sim(const engine_t *e) { return e->sim; }
+void engine_sim_defer(engine_t *e, bool on) { e->sim_defer = on && e->sim; }
 
 // The simulated backend's description of n sequences (grown as needed).
 static sim_seq_t *sim_seqs(engine_t *e, int n) {
@@ -308,7 +310,9 @@ int engine_step(engine_t *e, kvcache_t *kc, const engine_seq_t *seqs, int n, flo
                                            : seqs[i].logits == ENGINE_LOGITS_ALL ? seqs[i].n_tokens : 0};
             sim_adapter(e, seqs[i].slot, &q[i]);
         }
-        sim_wait(e->sim, sim_cost(e->sim, q, n, SIM_INFER, 0, 0));
+        double d = sim_cost(e->sim, q, n, SIM_INFER, 0, 0);
+        if (e->sim_defer) sim_defer(e->sim, d);
+        else sim_wait(e->sim, d);
         for (int i = 0; i < n; i++) kvcache_advance(kc, seqs[i].kv_seq, seqs[i].n_tokens);
         return 0;
     }

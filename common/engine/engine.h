@@ -43,6 +43,9 @@ lora_pool_t *engine_pool(engine_t *e);
 // be a shell without weights (model_shell).
 void engine_set_sim(engine_t *e, sim_t *sim);
 sim_t *engine_sim(const engine_t *e);
+// Simulated backend: while on, engine_step counts each step's modelled time (sim_defer) instead of
+// waiting for it; the next sim_wait waits for them all.
+void engine_sim_defer(engine_t *e, bool on);
 
 // --- inference ------------------------------------------------------------------------------------
 enum { ENGINE_LOGITS_NONE = 0, ENGINE_LOGITS_LAST = 1, ENGINE_LOGITS_ALL = 2 };

@@ -345,8 +345,8 @@ static void complete(gen_t *g, int idx) {
     g->done[g->n_done++] = r;
 }
 
-int gen_step(gen_t *g, char *err) {
-    double t0 = util_now();
+// One engine step of the batch: decode rows, admissions, prefill chunks, draws, completions.
+static int step_once(gen_t *g, char *err) {
     int n = 0, budget = g->max_batch;
     // 1. decode rows of every running sample
     for (int i = 0; i < g->n_rq; i++) {
@@ -455,8 +455,48 @@ int gen_step(gen_t *g, char *err) {
         else i++;
     }
     g->st.steps++;
-    g->st.busy_s += util_now() - t0;
     return rows;
+}
+
+// Whether the next step is decode rows only and admits nothing: no prompt is being prefilled and
+// the first queued request does not fit (step 2 stops there), which only a completion changes.
+static bool decode_only(const gen_t *g) {
+    int total = kvcache_total_blocks(g->kc), max_seqs = kvcache_max_seqs(g->kc);
+    for (int i = 0; i < g->n_rq; i++) {
+        const req_t *q = g->rq[i];
+        if (q->state == RQ_PREFILL) return false;
+        if (q->state == RQ_QUEUED)
+            return g->reserved_blocks + q->worst_blocks > total || g->reserved_seqs + q->r.n_samples > max_seqs;
+    }
+    return true;
+}
+
+// On a simulated accelerator a decode step lasts less than the host's own work per call at a
+// large time scale (a 5 ms step is 83 us of wall time at scale 60; a service's turn, with its
+// socket polls, takes tens of microseconds on a cloud VM), so the steps that change nothing but
+// the samples' lengths run back to back in one call: their modelled times add up and are waited
+// for once, until sim_coalesce_s of wall time is due, a request completes or the next step would
+// admit or prefill. Requests that arrive meanwhile wait for the end of the call, as they wait for
+// any step; results leave in the step they complete. The tokens, steps and modelled time are those
+// of one step per call.
+int gen_step(gen_t *g, char *err) {
+    double t0 = util_now();
+    if (!g->sim || sim_coalesce_s(g->sim) <= 0) {
+        int rows = step_once(g, err);
+        g->st.busy_s += util_now() - t0;
+        return rows;
+    }
+    engine_sim_defer(g->e, true);
+    int rows = 0, done = g->n_done, r;
+    do {
+        r = step_once(g, err);
+        if (r > 0) rows += r;
+    } while (r > 0 && g->n_done == done && decode_only(g) &&
+             sim_deferred(g->sim) < sim_coalesce_s(g->sim) * sim_scale(g->sim));
+    engine_sim_defer(g->e, false);
+    sim_wait(g->sim, 0);
+    g->st.busy_s += util_now() - t0;
+    return r < 0 ? -1 : rows;
 }
 
 gen_result_t *gen_take(gen_t *g) {

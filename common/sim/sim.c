@@ -33,7 +33,9 @@ struct sim {
     double modelled;
     double cpu_mark;     // the calling thread's CPU time at the end of the last sim_wait
     double deadline;     // CLOCK_MONOTONIC time the last modelled step ended
-    double late;         // how late the last sleep woke up
+    double late;         // wall seconds the sleeps overslept, not yet taken off a later step
+    double deferred;     // modelled seconds of steps counted by sim_defer, not yet waited for
+    double coalesce_s;   // wall seconds of decode steps one generator call may run (0: one step)
     double last_len;     // wall length of the last modelled step
     double hidden;       // host seconds overlapped with modelled time
     bool slack_set;
@@ -228,6 +230,7 @@ static sim_t *sim_new(const sim_device_t *d, const hf_config_t *mc, const sim_op
         goto fail;
     }
     s->devices = o && o->devices > 1 ? o->devices : 1;
+    s->coalesce_s = d->shared_cores > 0 || (o && o->coalesce_s < 0) ? 0.0 : o && o->coalesce_s > 0 ? o->coalesce_s : 1e-3;
     if (o && (o->devices < 0 || o->devices > 4096)) {
         err_set(err, "devices %d: must be in 1..4096", o->devices);
         goto fail;
@@ -547,7 +550,17 @@ double sim_cost(const sim_t *s, const sim_seq_t *seqs, int n, sim_mode_t mode, i
     return t + d->step_overhead_s;
 }
 
+void sim_defer(sim_t *s, double dt) {
+    if (dt > 0) s->deferred += dt;
+}
+
+double sim_deferred(const sim_t *s) { return s->deferred; }
+double sim_coalesce_s(const sim_t *s) { return s->coalesce_s; }
+
 void sim_wait(sim_t *s, double dt) {
+    if (!(dt >= 0)) dt = 0;
+    dt += s->deferred;
+    s->deferred = 0;
     if (!(dt > 0)) return;
     s->modelled += dt;
     if (!s->slack_set) {
@@ -562,28 +575,34 @@ void sim_wait(sim_t *s, double dt) {
     }
     // The modelled device runs one step after another: this step starts when the last one ended
     // or when the host issued it, whichever is later. The host's work since the last step (this
-    // thread's CPU time, plus how late the last sleep woke up) overlapped the device's time, as a
-    // GPU runtime's asynchronous launches do: the step counts as issued that much before now.
+    // thread's CPU time) overlapped the device's time, as a GPU runtime's asynchronous launches do:
+    // the step counts as issued that much before now.
     double now = (double)mono_ns() * 1e-9, cpu = thread_cpu();
-    double host = (s->d.host_overlap > 0 && s->cpu_mark > 0 ? cpu - s->cpu_mark : 0.0) + s->late;
+    double host = s->d.host_overlap > 0 && s->cpu_mark > 0 ? cpu - s->cpu_mark : 0.0;
     // Only work done right after the last step (the thread busy since it woke) can have overlapped
     // it, and no more than its length; after an idle wait (a gap longer than that work) the step
     // starts now: CPU spent polling while idle hides nothing.
     double start = now;
-    if (now - s->deadline <= host + 1e-4) {
+    if (now - s->deadline <= host + s->late + 1e-4) {
         double over = host < s->last_len ? host : s->last_len;
         start = now - over > s->deadline ? now - over : s->deadline;
     }
     double end = start + dt / s->scale;
     s->last_len = end - start;
     s->hidden += now - start > 0 ? now - start : 0.0;
-    s->late = 0;
-    if (end > now) {
-        struct timespec ts = {.tv_sec = (time_t)end, .tv_nsec = (long)((end - (double)(time_t)end) * 1e9)};
+    // Sleeps wake late (70-90 us on a cloud VM, more than a decode step's wall time at a large
+    // scale): what the earlier sleeps overslept is owed, and this step sleeps that much less, or
+    // not at all while the debt exceeds it, so the steps' wall time adds up to their modelled time
+    // at any scale instead of each taking at least one wake-up's latency.
+    double wake = end - s->late;
+    if (wake > now) {
+        struct timespec ts = {.tv_sec = (time_t)wake, .tv_nsec = (long)((wake - (double)(time_t)wake) * 1e9)};
         while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
         }
         double woke = (double)mono_ns() * 1e-9;
-        s->late = woke - end > 0 ? woke - end : 0.0;
+        s->late = woke - wake > 0 ? woke - wake : 0.0;
+    } else {
+        s->late -= end > now ? end - now : 0.0;
     }
     s->deadline = end;
     s->cpu_mark = thread_cpu();

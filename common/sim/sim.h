@@ -64,6 +64,9 @@ typedef struct {
     const char *lengths;     // "lognormal:MEDIAN,SIGMA" | "fixed:N" | "uniform:A,B"; NULL: lognormal:200,0.8
     int devices;             // data-parallel devices behind this process (trainer); 0/1: one
     int weight_bytes;        // 0: the device's (2 or 4)
+    double coalesce_s;       // wall seconds of decode steps one generator call may run back to back
+                             // (gen_step; 0: 1 ms; < 0: one step per call); a shared-cores device
+                             // (this machine's CPU) always runs one, as the real engine does
 } sim_opts_t;
 
 typedef struct sim sim_t;
@@ -115,6 +118,14 @@ double sim_cost(const sim_t *s, const sim_seq_t *seqs, int n, sim_mode_t mode, i
 // first the task that has run least): each of them on the step's core with probability 1 / cores,
 // as the kernel's lazily balanced run queues place them. One thread per sim_t.
 void sim_wait(sim_t *s, double d);
+// Counts d modelled seconds towards the next sim_wait, which waits for them with its own (steps
+// run back to back on the device, their host work done between them at once: one wake-up for
+// several short steps, see gen_step).
+void sim_defer(sim_t *s, double d);
+// Modelled seconds counted by sim_defer and not yet waited for.
+double sim_deferred(const sim_t *s);
+// sim_opts_t.coalesce_s as it applies to this device (0: one step per generator call).
+double sim_coalesce_s(const sim_t *s);
 // Host CPU seconds sim_wait took off its sleeps.
 double sim_hidden_seconds(const sim_t *s);
 double sim_modelled_seconds(const sim_t *s);

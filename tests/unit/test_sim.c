@@ -338,6 +338,70 @@ Test(sim, a_simulated_runtime_generates_its_lengths_and_trains_at_ratio_one) {
     sim_close(&s);
 }
 
+// A generator of simulated decode steps run back to back (coalesce_s, the default on an
+// accelerator): the same tokens, steps and modelled time as one step per call, each result taken
+// after the same step (admissions waiting for completions included), in fewer calls.
+typedef struct {
+    int calls, steps, n_res;
+    int taken_at[8];        // the generator's step count when result `user` could first be taken
+    int len[8][4];          // the samples' lengths of result `user`
+    double modelled;
+} gen_trace_t;
+
+static gen_trace_t trace_generation(double coalesce_s) {
+    hf_config_t c = load_cfg("models/sim/qwen3-8b");
+    sim_opts_t o = {.scale = 1e6, .lengths = "lognormal:30,0.8", .coalesce_s = coalesce_s};
+    char err[ERR_LEN];
+    sim_t *s = sim_open("h100", &c, &o, err);
+    cr_assert_not_null(s, "%s", err);
+    rl_runtime_cfg_t cfg = {.n_slots = 2, .sim = s, .max_seqs = 12};
+    rl_runtime_t *rt = rl_runtime_open("models/sim/qwen3-8b", &cfg, err);
+    cr_assert_not_null(rt, "%s", err);
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = 40 + i % 20;
+    gen_trace_t tr = {0};
+    for (int i = 0; i < 8; i++) tr.taken_at[i] = -1;
+    // six requests of four samples where twelve sequences fit: three wait for completions
+    for (int u = 0; u < 6; u++) {
+        gen_request_t rq = {.prompt = prompt, .prompt_len = 10 + 5 * u, .n_samples = 4, .max_new_tokens = 90,
+                            .sp = {.temperature = 1.0f, .top_p = 1.0f}, .seed = 7 + (uint64_t)u,
+                            .stop_ids = rt->eos_ids, .n_stop_ids = rt->n_eos, .user = (uint64_t)u, .slot = -1};
+        cr_assert_geq(gen_submit(rt->gen, &rq, err), 0, "%s", err);
+    }
+    while (gen_pending(rt->gen)) {
+        cr_assert_gt(gen_step(rt->gen, err), 0, "%s", err);
+        tr.calls++;
+        gen_result_t *r;
+        while ((r = gen_take(rt->gen))) {
+            cr_assert_lt(r->user, 8);
+            tr.taken_at[r->user] = (int)gen_stats(rt->gen).steps;
+            for (int j = 0; j < r->n_samples; j++) tr.len[r->user][j] = r->samples[j].n;
+            tr.n_res++;
+            gen_result_free(&r);
+        }
+    }
+    tr.steps = (int)gen_stats(rt->gen).steps;
+    tr.modelled = sim_modelled_seconds(s);
+    rl_runtime_close(&rt);
+    sim_close(&s);
+    return tr;
+}
+
+Test(sim, coalesced_decode_steps_match_one_step_per_call) {
+    gen_trace_t one = trace_generation(-1), many = trace_generation(0);
+    cr_assert_eq(one.n_res, 6);
+    cr_assert_eq(many.n_res, 6);
+    cr_assert_eq(one.calls, one.steps);
+    cr_assert_eq(many.steps, one.steps);
+    cr_assert_lt(many.calls * 3, one.calls, "calls %d of %d steps", many.calls, many.steps);
+    cr_assert_float_eq(many.modelled, one.modelled, 1e-9 * one.modelled);
+    for (int u = 0; u < 6; u++) {
+        cr_assert_eq(many.taken_at[u], one.taken_at[u], "result %d: after step %d, not %d", u, many.taken_at[u],
+                     one.taken_at[u]);
+        for (int j = 0; j < 4; j++) cr_assert_eq(many.len[u][j], one.len[u][j]);
+    }
+}
+
 // A shared-cores device (this machine's CPU): a step slows down while other tasks are runnable.
 static void *spin(void *arg) {
     volatile int *stop = arg;
