@@ -81,6 +81,22 @@ static int read_pids(const char *run, char names[MAX_PROCS][32], pid_t pids[MAX_
     return n;
 }
 
+// Whether process pid still runs: it exists and has not exited. A service of a cluster started by
+// an earlier `marlaas up` is not this process's child, so once it exits it stays a zombie until
+// the system's init reaps it (once a second in some containers): a zombie has stopped.
+static bool running(pid_t pid) {
+    if (kill(pid, 0) != 0) return false;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return true;   // no /proc: trust kill
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *e = strrchr(buf, ')');   // "pid (comm) state ...": comm may hold spaces or ')'
+    return !(e && e[1] == ' ' && (e[2] == 'Z' || e[2] == 'X'));
+}
+
 static int cluster_down(const char *run, bool quiet) {
     static char names[MAX_PROCS][32];
     static pid_t pids[MAX_PROCS];
@@ -93,12 +109,12 @@ static int cluster_down(const char *run, bool quiet) {
     for (int i = n - 1; i >= 0; i--) kill(pids[i], SIGTERM);
     for (int w = 0; w < 50; w++) {
         int alive = 0;
-        for (int i = 0; i < n; i++) alive += kill(pids[i], 0) == 0;
+        for (int i = 0; i < n; i++) alive += running(pids[i]);
         if (!alive) break;
         usleep(100000);
     }
     for (int i = 0; i < n; i++)
-        if (kill(pids[i], 0) == 0) kill(pids[i], SIGKILL);
+        if (running(pids[i])) kill(pids[i], SIGKILL);
     while (waitpid(-1, NULL, WNOHANG) > 0) {}
     char path[4096];
     snprintf(path, sizeof path, "%s/pids", run);
