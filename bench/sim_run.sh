@@ -63,12 +63,13 @@ done
 ok=1
 for t in $(seq 1 "$TENANTS"); do
     [ "$t" -le "$N" ] || break
-    wait_jobs "${TOKS[$((t - 1))]}" 7200 > "$D/wait.log" || ok=0
+    WAIT_POLL=0.5 wait_jobs "${TOKS[$((t - 1))]}" 7200 > "$D/wait.log" || ok=0
 done
 # the end: the scheduler's last "status done" (wait_jobs polls once a second, which at scale 60
 # would be a minute of modelled time); its log lines start with an ISO-8601 UTC time
 WALL=$(log_end "$T0" "$RUN/logs/scheduler.log")
-sleep 1.2   # one more heartbeat with the final counters
+# one more heartbeat (every second) with the final counters: 1.2 s after the end
+sleep "$(awk -v t0="$T0" -v w="$WALL" -v now="$EPOCHREALTIME" 'BEGIN {s = t0 + w + 1.2 - now; printf "%.3f", s > 0 ? s : 0}')"
 read -r RB1 RU1 TOK _ < <(beats rollout tokens)
 read -r TB1 TU1 STEPS_DONE _ < <(beats trainer steps)
 

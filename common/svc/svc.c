@@ -244,6 +244,13 @@ sim_t *svc_sim_open(const svc_t *s, char *err) {
         return NULL;
     }
     o.devices = (int)d;
+    const char *co = svc_extra(s, "sim_coalesce_s", "0.001");
+    double c = strtod(co, &end);
+    if (!*co || *end || !(c >= 0 && c <= 1)) {
+        err_set(err, "--set sim_coalesce_s=%.40s: wall seconds in 0..1 (0: one decode step per generator call)", co);
+        return NULL;
+    }
+    o.coalesce_s = c > 0 ? c : -1;
     // --weights: the modelled precision of weights and KV cache (auto: the device's)
     const char *w = s->opt[SVC_WEIGHTS] ? s->opt[SVC_WEIGHTS] : "auto";
     o.weight_bytes = !strcmp(w, "fp32") ? 4 : !strcmp(w, "bf16") ? 2 : 0;

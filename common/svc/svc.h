@@ -72,8 +72,9 @@ void svc_bind_endpoint(const svc_t *s, svc_opt_t o, char *out, size_t n);
 const char *svc_extra(const svc_t *s, const char *key, const char *def);
 // The simulated backend of --backend sim:DEVICE (common/sim/sim.h) for the model of --model
 // (its config.json), with the extras sim_scale (modelled seconds per wall second, default 60),
-// sim_lengths (completion lengths, default lognormal:200,0.8) and sim_devices (data-parallel
-// devices of a trainer, default 1), each also from the environment (MARLAAS_SIM_SCALE, ...). NULL + err when the backend is not sim:DEVICE or a setting is
+// sim_lengths (completion lengths, default lognormal:200,0.8), sim_devices (data-parallel
+// devices of a trainer, default 1) and sim_coalesce_s (wall seconds of decode steps one generator
+// call runs back to back, default 0.001; 0: one step per call), each also from the environment (MARLAAS_SIM_SCALE, ...). NULL + err when the backend is not sim:DEVICE or a setting is
 // wrong; the caller owns the result (sim_close).
 sim_t *svc_sim_open(const svc_t *s, char *err);
 // Where tenants' reward and environment services may be (endpoint.h): the allow-list

@@ -13,7 +13,8 @@ static const char *HELP =
     "        --set max_context=N (positions of prompt + completion served; default min(the model's, 4096))\n"
     "        --set kv_mb=1024 (KV cache budget in MiB; README \"Bring your own model\")\n"
     "simulated device (--backend sim:h100|h200|a100|cpu; docs/SIMULATOR.md): --set sim_scale=60\n"
-    "        --set sim_lengths=lognormal:200,0.8 (or fixed:N, uniform:A,B) --set kv_blocks=N";
+    "        --set sim_lengths=lognormal:200,0.8 (or fixed:N, uniform:A,B) --set kv_blocks=N\n"
+    "        --set sim_coalesce_s=0.001 (wall seconds of decode steps run back to back; 0: one per call)";
 
 int main(int argc, char **argv) {
     svc_t s;

@@ -164,7 +164,7 @@ submit() {
     "$M" submit --token "$tok" "$@"
 }
 
-wait_jobs() {
+wait_jobs() {   # wait_jobs TOKEN TIMEOUT_S: until no job of the tenant is queued or running (polled every WAIT_POLL s, 1)
     local tok=$1 timeout=$2 start out
     start=$(date +%s)
     while [ $(( $(date +%s) - start )) -lt "$timeout" ]; do
@@ -173,7 +173,7 @@ wait_jobs() {
             ! awk 'NR>1 && ($4=="running" || $4=="queued"){found=1} END{exit !found}' <<< "$out"; then
             return 0
         fi
-        sleep 1
+        sleep "${WAIT_POLL:-1}"
     done
     echo "jobs still running after ${timeout}s:"
     "$M" jobs --token "$tok"
