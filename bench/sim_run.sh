@@ -69,7 +69,7 @@ done
 # would be a minute of modelled time); its log lines start with an ISO-8601 UTC time
 WALL=$(log_end "$T0" "$RUN/logs/scheduler.log")
 # one more heartbeat (every second) with the final counters: 1.2 s after the end
-sleep "$(awk -v t0="$T0" -v w="$WALL" -v now="$EPOCHREALTIME" 'BEGIN {s = t0 + w + 1.2 - now; printf "%.3f", s > 0 ? s : 0}')"
+sleep "$(awk -v t0="$T0" -v w="$WALL" -v now="$EPOCHREALTIME" 'BEGIN {s = t0 + w + 1.2 - now; printf "%.3f", (s > 0 ? s : 0)}')"
 read -r RB1 RU1 TOK _ < <(beats rollout tokens)
 read -r TB1 TU1 STEPS_DONE _ < <(beats trainer steps)
 
