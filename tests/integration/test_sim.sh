@@ -105,5 +105,8 @@ check "... naming the setting" grep -q "max_running" <<< "$out"
 out=$(svc rollout --backend sim:h100 --set sim_lengths=pareto:2) && rc=0 || rc=$?
 check "a bad length distribution is refused ($rc)" test "$rc" -ne 0
 check "... with the forms it takes" grep -q "lognormal:MEDIAN,SIGMA" <<< "$out"
+out=$(svc rollout --backend sim:h100 --set sim_coalesce_s=-1) && rc=0 || rc=$?
+check "sim_coalesce_s=-1 is refused ($rc)" test "$rc" -ne 0
+check "... naming the setting" grep -q "sim_coalesce_s" <<< "$out"
 [ "$fail" = 0 ] && echo "simulated cluster: 3 jobs trained along their curves on 2 simulated H100 rollouts; refusals hold"
 exit "$fail"
