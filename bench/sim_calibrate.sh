@@ -3,7 +3,7 @@
 # calibration part). Measures this machine as a simulated device (marlaas-sim-calibrate: sgemm
 # and read bandwidth of one thread, the engine's overheads fitted to measured steps of
 # models/micro), then runs the benchmark's jobs on models/micro twice for each N in CAL_N
-# (default "1 8 32"; 400 / N steps per job, at least CAL_STEPS = 40), async: once computed on the CPU, once simulated with that device at time
+# (default "1 8 32"; 400 / N steps per job, at least CAL_STEPS = 25), async: once computed on the CPU, once simulated with that device at time
 # scale 1 (every real overhead the same in both), completions drawn from a lognormal with the
 # real run's mean completion length and variance (from the trainer's per-step token counts;
 # CAL_SIGMA sets the lognormal's sigma instead); CAL_REPEAT (2) pairs of runs
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$1 WORK=$2
-: "${CAL_N:=1 8 32}" "${CAL_STEPS:=40}" "${CAL_REPEAT:=2}"
+: "${CAL_N:=1 8 32}" "${CAL_STEPS:=25}" "${CAL_REPEAT:=2}"
 D=$WORK/calibration
 rm -rf "$D"
 mkdir -p "$D"

@@ -74,11 +74,20 @@ read -r RB1 RU1 TOK _ < <(beats rollout tokens)
 read -r TB1 TU1 STEPS_DONE _ < <(beats trainer steps)
 
 echo "job,task,status,acc0,acc" > "$D/jobs.csv"
+# every tenant's job list at once (one call per tenant, not three per job): status and the evals
+# before and after, in percent ("-": none)
+declare -A ROW
+for t in $(seq 1 "$TENANTS"); do
+    [ "$t" -le "$N" ] || break
+    while read -r job st a0 a1; do ROW[$job]="$st,$a0,$a1"; done < <("$M" jobs --token "${TOKS[$((t - 1))]}" |
+        awk 'NR > 1 {a0 = $6; a1 = $7; sub("%", "", a0); sub("%", "", a1)
+                     printf "%s %s %s %s\n", $1, $4, (a0 == "-" ? "" : a0 / 100), (a1 == "-" ? "" : a1 / 100)}')
+done
 for i in $(seq 0 $((N - 1))); do
-    tok=${TOKS[$((i % TENANTS))]} job=${JOBS[$i]}
-    st=$(job_field "$tok" "$job" status)
+    job=${JOBS[$i]}
+    IFS=, read -r st a0 a1 <<< "${ROW[$job]:-missing,,}"
     [ "$st" = done ] || ok=0
-    echo "$job,${TASK_LIST[$((i % ${#TASK_LIST[@]}))]},$st,$(job_field "$tok" "$job" eval_acc0),$(job_field "$tok" "$job" eval_acc)" >> "$D/jobs.csv"
+    echo "$job,${TASK_LIST[$((i % ${#TASK_LIST[@]}))]},$st,$a0,$a1" >> "$D/jobs.csv"
 done
 cp -r "$RUN/logs" "$D/logs"
 {
