@@ -85,5 +85,7 @@ if has sweeps; then
 fi
 if has calibration; then bash bench/sim_calibrate.sh "$OUT" "$WORK"; echo "calibration: done ($(( $(date +%s) - T_START )) s)" >&2; fi
 if has control; then CONTROL_CONFIGS=${CONTROL_CONFIGS:-1000 200 64 16} bash bench/sim_control.sh "$OUT" "$WORK"; fi
-python3 bench/sim_report.py "$OUT" "$machine" "$STEPS" "$SCALE"
+ALL=""
+[ ${#PARTS[@]} = 5 ] && ALL=$(( $(date +%s) - T_START ))   # the whole run's time, when it ran every part
+python3 bench/sim_report.py "$OUT" "$machine" "$STEPS" "$SCALE" $ALL
 echo "sim.sh: $(( $(date +%s) - T_START )) s; report in $OUT/sim.md" >&2

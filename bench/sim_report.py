@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""sim_report.py OUT MACHINE STEPS SCALE - writes OUT/sim.md from the CSVs bench/sim.sh leaves in
+"""sim_report.py OUT MACHINE STEPS SCALE [SECONDS] - writes OUT/sim.md from the CSVs bench/sim.sh leaves in
 OUT: sim_paper.csv, sim_sweeps.csv, sim_calibration.csv, sim_control.csv (each optional)."""
 import csv
 import os
 import sys
 
 out, machine, steps, scale = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+elapsed = float(sys.argv[5]) if len(sys.argv) > 5 else None   # the whole bench/sim.sh run, when it ran every part
 
 
 def rows(name):
@@ -156,6 +157,9 @@ if ctl:
                     f"{', '.join(f(r['p99_ms'], 1) + ' ms' for r in k) or 'not measured'} (target < 100 ms)")
     L.append("")
 
+if elapsed is not None:
+    verdicts.append(f"- {'PASS' if elapsed <= 900 else 'FAIL'}: `bench/run.sh --sim` took {elapsed / 60:.1f} min "
+                    f"on this machine, every part (target <= 15 min)")
 L[4:4] = ["## Verdicts", ""] + (verdicts or ["- (no part run)"]) + [""]
 with open(os.path.join(out, "sim.md"), "w") as fo:
     fo.write("\n".join(L) + "\n")
