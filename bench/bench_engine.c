@@ -191,11 +191,33 @@ static lora_pool_t *adapters(const model_t *m, int n) {
 typedef struct {
     bool done;
     double dec1, bytes_tok;        // decode batch 1 tok/s (one adapter), bytes streamed per token
+    double bw_near;                // read bandwidth measured in turn with dec1 (GB/s)
     double ad32_decode, ad32_prefill;   // worst 32-adapter / 1-adapter ratio at batch >= 32
     double ad32_bound;             // what the read bandwidth allows that decode ratio (see below)
     double ad128;                  // 128-adapter ratio at batch >= 128 (0: not measured)
     double prefill, train;         // prefill tok/s at the largest batch, train tok/s (one adapter)
 } figs_t;
+
+// The read buffer (bench_read_buffer), made once: read_near measures beside each decode.
+static float *read_buf;
+static size_t read_n;
+
+// Decode batch 1 (one adapter) and the read bandwidth measured in turn, three times each: the
+// best of each, so a slow spell of a shared machine (its memory bandwidth moves by a third from
+// one minute to the next on the VMs measured) falls on both sides of the ratio alike. Raises
+// *dec1 to the best decode seen; returns the best read (GB/s), 0 off the CPU backend.
+static double dec1_and_read(engine_t *e, const hf_config_t *c, int P, double *dec1) {
+    if (engine_model(e)->k != kernels_cpu()) return 0;
+    if (!read_buf) read_buf = bench_read_buffer(&read_n);
+    double best = 0, g;
+    for (int rep = 0; rep < 3; rep++) {
+        double r = bench_read_gbs_of(read_buf, read_n, util_threads(), 0.2);
+        if (r > best) best = r;
+        double t = run_infer(e, c, 1, P, 1, 1, &g);
+        if (t > *dec1) *dec1 = t;
+    }
+    return best;
+}
 
 static void bench_model(const char *name, model_t *m, const int *batches, int n_batches, int P, double bw,
                         figs_t *fg) {
@@ -270,10 +292,12 @@ static void bench_model(const char *name, model_t *m, const int *batches, int n_
            "one pass (about %.1f GFLOP/s, %.0f%% of gemm)\n", P, tr1, tr8, train_gflops, 100 * train_gflops / peak);
     for (int i = 0; i < 32; i++) k->free(grads[i]);
     fg->bytes_tok = decode_bytes(m, lora_pool_get(pool, 0));
-    if (fg->dec1 > 0 && bw > 0)
+    if (fg->dec1 > 0 && bw > 0) {
+        fg->bw_near = dec1_and_read(e, c, P, &fg->dec1);
         printf("decode batch 1: %.0f tok/s x %.1f MB of weights per token = %.1f GB/s, %.0f%% of the read bandwidth "
-               "(%.1f GB/s)\n", fg->dec1, fg->bytes_tok / 1e6, fg->dec1 * fg->bytes_tok / 1e9,
-               100 * fg->dec1 * fg->bytes_tok / 1e9 / bw, bw);
+               "measured in turn with it (%.1f GB/s; %.1f GB/s at the start)\n", fg->dec1, fg->bytes_tok / 1e6,
+               fg->dec1 * fg->bytes_tok / 1e9, 100 * fg->dec1 * fg->bytes_tok / 1e9 / fg->bw_near, fg->bw_near, bw);
+    }
     fg->done = true;
     engine_destroy(&e);
     lora_pool_destroy(&pool);
@@ -602,12 +626,14 @@ int main(int argc, char **argv) {
                 engine_t *e = engine_new(m, pool, err);
                 double g;
                 f->dec1 = run_infer(e, &m->cfg, 1, P, 1, 1, &g);
+                f->bw_near = bw > 0 ? dec1_and_read(e, &m->cfg, P, &f->dec1) : 0;
                 f->bytes_tok = decode_bytes(m, lora_pool_get(pool, 0));
                 f->done = true;
                 printf("\nmodel %s (D=%d L=%d V=%d, %s matrices): decode batch %d: %.1f tok/s x %.0f MB per token = "
-                       "%.1f GB/s, %.0f%% of the read bandwidth\n", SHAPES[si].name, SHAPES[si].D, SHAPES[si].L,
-                       SHAPES[si].V, m->bf16 ? "bf16" : "fp32", b1[0], f->dec1, f->bytes_tok / 1e6,
-                       f->dec1 * f->bytes_tok / 1e9, bw > 0 ? 100 * f->dec1 * f->bytes_tok / 1e9 / bw : 0);
+                       "%.1f GB/s, %.0f%% of the read bandwidth measured in turn with it (%.1f GB/s)\n",
+                       SHAPES[si].name, SHAPES[si].D, SHAPES[si].L, SHAPES[si].V, m->bf16 ? "bf16" : "fp32", b1[0],
+                       f->dec1, f->bytes_tok / 1e6, f->dec1 * f->bytes_tok / 1e9,
+                       f->bw_near > 0 ? 100 * f->dec1 * f->bytes_tok / 1e9 / f->bw_near : 0, f->bw_near);
                 fflush(stdout);
                 engine_destroy(&e);
                 lora_pool_destroy(&pool);
@@ -621,17 +647,18 @@ int main(int argc, char **argv) {
     }
     int fails = 0;
     if (k == kernels_cpu() && contend) contended("25M", false, quick ? 0.6 : 1.2, &fails);
-    printf("\ntargets (%s backend, %d threads; read bandwidth %.1f GB/s):\n", k->name, util_threads(), bw);
+    printf("\ntargets (%s backend, %d threads; read bandwidth %.1f GB/s at the start, each decode batch 1 against the "
+           "read measured in turn with it):\n", k->name, util_threads(), bw);
     for (int si = 0; si < N_SHAPES; si++) {
         for (int wi = 0; wi < nw; wi++) {
             const figs_t *f = &figs[si][wi];
             if (!f->done) continue;
             char what[128];
             const char *wn = w16[wi] ? "bf16" : "fp32";
-            if (bw > 0 && f->dec1 > 0) {
+            if (f->bw_near > 0 && f->dec1 > 0) {
                 snprintf(what, sizeof what, "%s %s: decode batch 1 streams the weights at >= 80%% of read bandwidth",
                          SHAPES[si].name, wn);
-                target(what, 100 * f->dec1 * f->bytes_tok / 1e9 / bw, 80, "%.0f%%", &fails);
+                target(what, 100 * f->dec1 * f->bytes_tok / 1e9 / f->bw_near, 80, "%.0f%%", &fails);
             }
             if (si == 3) continue;
             if (f->ad32_decode < 1e9) {
@@ -664,5 +691,6 @@ int main(int argc, char **argv) {
         }
     }
     printf("%d target(s) missed%s\n", fails, fails ? " (FAIL lines above)" : "");
+    free(read_buf);
     return 0;
 }

@@ -82,13 +82,10 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static float bench_
     return t;
 }
 
-// GB/s of a vectorised read of bench_read_buffer_bytes() on `threads` threads (each reads its
-// contiguous share), the best of rounds over `seconds`: the bound a bandwidth-bound phase (decode
-// at small batch) is measured against.
-static inline double bench_read_gbs(int threads, double seconds) {
-    size_t bytes = bench_read_buffer_bytes(), n = bytes / sizeof(float) / 64 * 64;
-    float *a = falloc(n);
-    for (size_t i = 0; i < n; i++) a[i] = (float)(i & 7);
+// GB/s of a vectorised read of the n floats at a (n a multiple of 64) on `threads` threads (each
+// reads its contiguous share), the best of rounds over `seconds` (at least three, the first not
+// counted).
+static inline double bench_read_gbs_of(const float *a, size_t n, int threads, double seconds) {
     double best = 0, t_end = util_now() + seconds;
     volatile float sink = 0;
     for (int round = 0; round < 3 || util_now() < t_end; round++) {
@@ -106,6 +103,23 @@ static inline double bench_read_gbs(int threads, double seconds) {
         if (round > 50) break;
     }
     (void)sink;
+    return best;
+}
+
+// A buffer of bench_read_buffer_bytes() for bench_read_gbs_of (n floats; free it).
+static inline float *bench_read_buffer(size_t *n) {
+    *n = bench_read_buffer_bytes() / sizeof(float) / 64 * 64;
+    float *a = falloc(*n);
+    for (size_t i = 0; i < *n; i++) a[i] = (float)(i & 7);
+    return a;
+}
+
+// GB/s of a vectorised read of bench_read_buffer_bytes() on `threads` threads: the bound a
+// bandwidth-bound phase (decode at small batch) is measured against.
+static inline double bench_read_gbs(int threads, double seconds) {
+    size_t n;
+    float *a = bench_read_buffer(&n);
+    double best = bench_read_gbs_of(a, n, threads, seconds);
     free(a);
     return best;
 }

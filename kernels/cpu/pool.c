@@ -1,12 +1,24 @@
 // pool.c - the CPU backend's thread pool (pool.h).
 //
-// State of the loop in flight: `claim` packs the loop's generation (high 32 bits) with the next
-// unclaimed item (low 32 bits), so a worker still holding a finished loop's generation can never
-// claim an item of the next loop: its compare-and-swap fails. The loop's fields (fn, ctx, n,
-// grain) are written before the generation is published and read by a worker after it has seen
-// that generation; a worker that read them while the caller was already writing the next loop's
-// cannot use them, for the same reason. The caller returns when `done` reaches n, and a chunk is
-// counted done only after it was computed, so ctx outlives every chunk.
+// State of the loop in flight: the chunks [0, n_chunks) are cut into n_ranges contiguous ranges,
+// one 64-bit word each (`range`: next unclaimed chunk from the front in the low 32 bits, one past
+// the last unclaimed chunk in the high 32). Thread t (the caller is 0, worker i is i + 1) starts
+// on range t / 2, taking chunks from its front when t is even and from its back when t is odd;
+// when its range is empty it takes from the back of the others. So with two threads the caller
+// walks the rows of a matrix-vector product upwards from the first and the worker downwards from
+// the last, each reading memory in long ascending runs (a chunk's rows are read in order), which
+// the hardware prefetchers follow; chunks handed out alternately from one counter interleave the
+// two threads' streams and read W at 0.8x the speed (measured: 2 threads, matrices of a 100M
+// model out of cache, Zen 4). Which thread runs a chunk never changes the chunk: chunk c is
+// always items [c grain, (c + 1) grain) (reductions index their partial sums by it).
+//
+// A claim is a compare-and-swap on a range word. Only the loop in flight has a word with a chunk
+// left (the caller returns only after every chunk of its loop was computed, and it writes every
+// word of the next loop before publishing its generation), so a successful claim is a chunk of
+// the loop in flight, whatever generation the claiming thread saw; the thread reads the loop's
+// fields (fn, ctx, n, grain) after the claim, which (acquire) sees the caller's writes of them,
+// made before the word's (release). The caller returns when `done` reaches n_chunks, and a chunk
+// is counted done only after it was computed, so ctx outlives every chunk.
 //
 // Waiting: a worker spins on the generation for SPIN_NS, then sleeps on it (futex); the caller
 // wakes sleepers only when there are some. The caller, once no chunk is left to claim, spins on
@@ -27,6 +39,7 @@
 #include <unistd.h>
 
 #define MAX_THREADS 256
+#define MAX_RANGES (MAX_THREADS / 2)
 // How long an idle thread spins before it sleeps: longer than the gap between two loops of one
 // engine step (microseconds), far shorter than a scheduler time slice (milliseconds).
 #define SPIN_NS 50000
@@ -39,8 +52,8 @@ static struct {
     pthread_t tid[MAX_THREADS];
 
     _Atomic uint32_t gen;          // the loop's generation (futex word of the workers)
-    _Atomic uint64_t claim;        // gen << 32 | next item
-    _Atomic uint32_t done;         // items computed (futex word of the caller)
+    _Atomic uint32_t n_ranges;     // ranges of the loop in flight
+    _Atomic uint32_t done;         // chunks computed (futex word of the caller)
     _Atomic int sleepers;          // workers asleep on gen
     _Atomic int caller_sleeps;     // the caller asleep on done
     _Atomic(void (*)(void *, size_t, size_t)) fn;
@@ -48,6 +61,7 @@ static struct {
     _Atomic uint32_t n, grain;
 
     _Atomic unsigned long long by_caller, by_workers;
+    _Atomic uint64_t range[MAX_RANGES];   // (end << 32) | next: unclaimed chunks [next, end)
 } P = {.lock = PTHREAD_MUTEX_INITIALIZER, .once = PTHREAD_ONCE_INIT};
 
 static _Thread_local bool in_chunk;   // nested loops run on their caller
@@ -80,28 +94,46 @@ static int env_threads(void) {
     return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
 }
 
-// Claims and computes chunks of loop `gen` until none is left; returns the number of chunks run.
-static unsigned long long work(uint32_t gen, void (*fn)(void *, size_t, size_t), void *ctx, uint32_t n,
-                               uint32_t grain) {
-    unsigned long long chunks = 0;
-    uint64_t c = atomic_load_explicit(&P.claim, memory_order_acquire);
+// Claims chunk from range r, from its back when `back`; false when the range is empty.
+static inline bool claim(uint32_t r, bool back, uint32_t *chunk) {
+    uint64_t w = atomic_load_explicit(&P.range[r], memory_order_acquire);
     for (;;) {
-        if ((uint32_t)(c >> 32) != gen) break;
-        uint32_t lo = (uint32_t)c;
-        if (lo >= n) break;
-        uint32_t hi = n - lo > grain ? lo + grain : n;
-        if (!atomic_compare_exchange_weak_explicit(&P.claim, &c, (uint64_t)gen << 32 | hi, memory_order_acq_rel,
-                                                   memory_order_acquire))
-            continue;
-        in_chunk = true;
-        fn(ctx, lo, hi);
-        in_chunk = false;
-        chunks++;
-        // seq_cst here and on the caller's side (caller_sleeps, then done): one of the two sees the
-        // other, so the caller never sleeps through the last chunk
-        uint32_t d = atomic_fetch_add(&P.done, hi - lo) + (hi - lo);
-        if (d == n && atomic_load(&P.caller_sleeps)) futex(&P.done, FUTEX_WAKE, 1);
-        c = atomic_load_explicit(&P.claim, memory_order_acquire);
+        uint32_t next = (uint32_t)w, end = (uint32_t)(w >> 32);
+        if (next >= end) return false;
+        uint64_t to = back ? (uint64_t)(end - 1) << 32 | next : (uint64_t)end << 32 | (next + 1);
+        if (atomic_compare_exchange_weak_explicit(&P.range[r], &w, to, memory_order_acq_rel, memory_order_acquire)) {
+            *chunk = back ? end - 1 : next;
+            return true;
+        }
+    }
+}
+
+// Claims and computes chunks as thread t until no range has one left; returns the chunks run.
+static unsigned long long work(int t) {
+    unsigned long long chunks = 0;
+    uint32_t nr = atomic_load_explicit(&P.n_ranges, memory_order_acquire);
+    if (nr == 0 || nr > MAX_RANGES) return 0;
+    uint32_t home = (uint32_t)t / 2 % nr;
+    for (uint32_t i = 0; i < nr; i++) {
+        uint32_t r = (home + i) % nr, c;
+        bool back = i > 0 || (t & 1);
+        while (claim(r, back, &c)) {
+            // the loop in flight (see the top of this file): its fields are stable until done
+            void (*fn)(void *, size_t, size_t) = atomic_load_explicit(&P.fn, memory_order_acquire);
+            void *ctx = atomic_load_explicit(&P.ctx, memory_order_acquire);
+            uint32_t n = atomic_load_explicit(&P.n, memory_order_acquire),
+                     grain = atomic_load_explicit(&P.grain, memory_order_acquire);
+            size_t lo = (size_t)c * grain, hi = lo + grain < n ? lo + grain : n;
+            in_chunk = true;
+            fn(ctx, lo, hi);
+            in_chunk = false;
+            chunks++;
+            uint32_t n_chunks = (n + grain - 1) / grain;
+            // seq_cst here and on the caller's side (caller_sleeps, then done): one of the two sees
+            // the other, so the caller never sleeps through the last chunk
+            uint32_t d = atomic_fetch_add(&P.done, 1) + 1;
+            if (d == n_chunks && atomic_load(&P.caller_sleeps)) futex(&P.done, FUTEX_WAKE, 1);
+        }
     }
     return chunks;
 }
@@ -129,10 +161,7 @@ static void *worker(void *arg) {
         }
         seen = g;
         if (index >= atomic_load(&P.threads) - 1) continue;   // beyond kpool_set_threads' figure
-        void (*fn)(void *, size_t, size_t) = atomic_load_explicit(&P.fn, memory_order_acquire);
-        void *ctx = atomic_load_explicit(&P.ctx, memory_order_acquire);
-        uint32_t n = atomic_load_explicit(&P.n, memory_order_acquire), grain = atomic_load_explicit(&P.grain, memory_order_acquire);
-        if (fn && grain) atomic_fetch_add_explicit(&P.by_workers, work(g, fn, ctx, n, grain), memory_order_relaxed);
+        atomic_fetch_add_explicit(&P.by_workers, work(index + 1), memory_order_relaxed);
     }
     return NULL;
 }
@@ -181,25 +210,32 @@ void kpool_for(size_t n, size_t grain, void (*fn)(void *ctx, size_t lo, size_t h
         return;
     }
     uint32_t g = atomic_load_explicit(&P.gen, memory_order_relaxed) + 1;
+    uint32_t n_chunks = (uint32_t)((n + grain - 1) / grain), nr = (uint32_t)(P.threads + 1) / 2;
+    if (nr > n_chunks) nr = n_chunks;
+    if (nr > MAX_RANGES) nr = MAX_RANGES;
     atomic_store_explicit(&P.fn, fn, memory_order_relaxed);
     atomic_store_explicit(&P.ctx, ctx, memory_order_relaxed);
     atomic_store_explicit(&P.n, (uint32_t)n, memory_order_relaxed);
     atomic_store_explicit(&P.grain, (uint32_t)grain, memory_order_relaxed);
     atomic_store_explicit(&P.done, 0, memory_order_relaxed);
-    atomic_store_explicit(&P.claim, (uint64_t)g << 32, memory_order_release);
+    atomic_store_explicit(&P.n_ranges, nr, memory_order_relaxed);
+    for (uint32_t r = 0; r < nr; r++) {
+        uint64_t lo = (uint64_t)n_chunks * r / nr, hi = (uint64_t)n_chunks * (r + 1) / nr;
+        atomic_store_explicit(&P.range[r], hi << 32 | lo, memory_order_release);
+    }
     atomic_store(&P.gen, g);
     if (atomic_load(&P.sleepers)) futex(&P.gen, FUTEX_WAKE, INT_MAX);
-    atomic_fetch_add_explicit(&P.by_caller, work(g, fn, ctx, (uint32_t)n, (uint32_t)grain), memory_order_relaxed);
+    atomic_fetch_add_explicit(&P.by_caller, work(0), memory_order_relaxed);
     // every chunk is claimed: wait for those still being computed
     uint64_t t0 = now_ns();
     unsigned spins = 0;
     uint32_t d;
-    while ((d = atomic_load_explicit(&P.done, memory_order_acquire)) != (uint32_t)n) {
+    while ((d = atomic_load_explicit(&P.done, memory_order_acquire)) != n_chunks) {
         cpu_relax();
         if ((++spins & 255) || now_ns() - t0 < SPIN_NS) continue;
         atomic_store(&P.caller_sleeps, 1);
         d = atomic_load(&P.done);
-        if (d != (uint32_t)n) futex(&P.done, FUTEX_WAIT, d);
+        if (d != n_chunks) futex(&P.done, FUTEX_WAIT, d);
         atomic_store(&P.caller_sleeps, 0);
         t0 = now_ns();
     }

@@ -8,9 +8,9 @@
 // the competitor needed. Measured: with one busy process beside it, 2-thread decode fell to
 // 6-20 % of its idle speed.
 //
-// Here a loop [0, n) is cut into chunks that whoever is running takes from one atomic counter:
-// the calling thread takes part, workers that are awake join, and the loop is over when every
-// chunk is done, not when every thread has shown up. A worker that wakes too late finds nothing
+// Here a loop [0, n) is cut into chunks that whoever is running takes (from both ends of
+// contiguous ranges, pool.c): the calling thread takes part, workers that are awake join, and the
+// loop is over when every chunk is done, not when every thread has shown up. A worker that wakes too late finds nothing
 // left and goes back to sleep; the caller waits only for chunks already being computed. Idle
 // workers spin for a few tens of microseconds (back-to-back loops of one engine step find them
 // awake) and then sleep in the kernel (futex), so an idle pool uses no CPU.

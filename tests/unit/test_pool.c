@@ -108,3 +108,56 @@ Test(pool, workers_take_part_and_an_idle_pool_sleeps) {
     double used = cpu_seconds() - t0;
     cr_assert_lt(used, 0.05, "an idle pool used %.3f CPU-seconds in 0.3 s (it spins)", used);
 }
+
+// Which thread ran each chunk, in the order the chunks were taken.
+typedef struct {
+    pthread_t caller;
+    _Atomic int next;
+    int chunk[64];
+    pthread_t by[64];
+    size_t grain;
+    _Atomic int bad;
+} order_t;
+
+static void record(void *arg, size_t lo, size_t hi) {
+    order_t *o = arg;
+    if (lo % o->grain || (hi - lo != o->grain && hi != 64 * o->grain - 3)) atomic_store(&o->bad, 1);
+    int at = atomic_fetch_add(&o->next, 1);
+    if (at < 64) o->chunk[at] = (int)(lo / o->grain), o->by[at] = pthread_self();
+    volatile double x = 0;
+    for (int k = 0; k < 20000; k++) x += 1e-9;
+}
+
+// With two threads the caller takes the chunks from the first upwards and the worker from the
+// last downwards (each reads memory in one ascending run per chunk, and the two runs do not
+// interleave); chunk c is always items [c grain, (c + 1) grain), whoever runs it.
+Test(pool, two_threads_take_the_chunks_from_both_ends) {
+    kpool_set_threads(2);
+    int with_worker = 0;
+    for (int round = 0; round < 50 && with_worker < 3; round++) {
+        order_t o = {.caller = pthread_self(), .grain = 5};
+        kpool_for(64 * 5 - 3, 5, record, &o);
+        cr_assert_eq(atomic_load(&o.bad), 0, "a chunk not aligned to the grain");
+        cr_assert_eq(atomic_load(&o.next), 64);
+        // the caller's chunks: 0, 1, 2, ... in turn; every other thread's: downwards (a worker
+        // left over from a loop on more threads may join the one worker of two)
+        int caller_last = -1, by_worker = 0;
+        bool seen[64] = {false};
+        for (int i = 0; i < 64; i++) {
+            int c = o.chunk[i];
+            cr_assert(!seen[c], "chunk %d ran twice", c);
+            seen[c] = true;
+            if (pthread_equal(o.by[i], o.caller)) {
+                cr_assert_eq(c, caller_last + 1, "the caller took chunk %d after %d", c, caller_last);
+                caller_last = c;
+                continue;
+            }
+            by_worker++;
+            for (int j = 0; j < i; j++)
+                if (pthread_equal(o.by[j], o.by[i]))
+                    cr_assert_lt(c, o.chunk[j], "a worker took chunk %d after %d", c, o.chunk[j]);
+        }
+        if (by_worker) with_worker++;
+    }
+    cr_assert_gt(with_worker, 0, "the worker took no chunk in 50 loops");
+}
