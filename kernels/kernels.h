@@ -95,14 +95,13 @@ typedef struct kernels {
     // dX = dY W). X (M,K) fp32 with row stride ldx >= K, C with row stride ldc >= N; W holds bf16
     // bit patterns (uint16_t, see to_bf16); fp32 accumulation. X, W, C are backend memory.
     // beta = 0 overwrites C (NaN in C is not propagated); K = 0 gives beta * C.
-    // Precision: fp32 accumulation always. The CPU backend uses X exactly, except on its
-    // avx512-bf16 variant's few-rows path (trans_w, M <= 8: decode steps, or any product that
-    // small), which rounds X to bf16 (nearest even) once per call and multiplies pairs with
-    // vdpbf16ps (exact bf16 products, fp32 sums; bf16 subnormals of X or W count as zero, a sum
-    // below 2^-126 becomes zero), and its amx variant, which does the same on that path and
-    // rounds X for every other product too (AMX tiles, tdpbf16ps: the same arithmetic), as the
-    // cuda backend rounds X for every shape (kernels/cuda/cuda.h): relative to X exact, each
-    // product moves by at most 2^-8 of |x w|.
+    // Precision: fp32 accumulation always. The CPU backend's avx512, avx2 and scalar variants
+    // use X exactly. Its avx512-bf16 and amx variants round X to bf16 (nearest even) once per
+    // call and multiply pairs with vdpbf16ps or AMX tiles (tdpbf16ps: the same arithmetic; exact
+    // bf16 products, fp32 sums; bf16 subnormals of X or W count as zero, a sum below 2^-126
+    // becomes zero) in every product but those without trans_w of up to 8 rows (which use X
+    // exactly), as the cuda backend rounds X for every shape (kernels/cuda/cuda.h): relative to X
+    // exact, each product moves by at most 2^-8 of |x w|.
     void (*gemm_bf16w)(bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx, const uint16_t *W,
                        int ldw, float beta, float *C, int ldc);
     // dst (n) = bf16(src): round to nearest, ties to even; overflow gives +-inf, NaN stays NaN

@@ -634,6 +634,14 @@ typedef struct __attribute__((aligned(64))) {
     uint8_t rows[16];
 } amx_cfg_t;
 
+// A weight matrix packed in pairs of K for tdpbf16ps / vdpbf16ps (vnni_pack).
+typedef struct {
+    bool trans;
+    const uint16_t *W;
+    int ldw, N, K, kbn;
+    uint16_t *dst;
+} vnni_pack_t;
+
 typedef struct {
     bool trans_w;
     const float *X;
@@ -662,15 +670,15 @@ static void amx_pack_x_chunk(void *c_, size_t lo, size_t hi) {
 
 // Column groups [lo, hi) of 16 (output columns n) into B tiles: tile (g, kb) row r holds, for
 // n = 0..15, the pair (w(k, n), w(k + 1, n)) at k = kb * 32 + 2 r, where w(k, n) = W[n][k] with
-// trans_w (W (N, K)) and W[k][n] without (W (K, N)); zero past N or K.
-static AMX_TARGET void amx_pack_w_chunk(void *c_, size_t lo, size_t hi) {
-    const amx_job_t *j = c_;
+// trans_w (W (N, K)) and W[k][n] without (W (K, N)); zero past N or K. Group g is kbn tiles in a
+// row: kp / 2 pairs of 16 columns, 64 bytes each (the layout vdpbf16ps multiplies as well).
+static void vnni_pack_chunk(const vnni_pack_t *j, size_t lo, size_t hi) {
     for (size_t g = lo; g < hi; g++) {
         int n0 = (int)g * 16, cols = j->N - n0 < 16 ? j->N - n0 : 16;
         for (int kb = 0; kb < j->kbn; kb++) {
-            uint16_t *t = j->wp + (g * (size_t)j->kbn + (size_t)kb) * AMX_TILE_U16;
+            uint16_t *t = j->dst + (g * (size_t)j->kbn + (size_t)kb) * AMX_TILE_U16;
             int k0 = kb * AMX_K, rem = j->K - k0 < AMX_K ? j->K - k0 : AMX_K;
-            if (j->trans_w) {
+            if (j->trans) {
                 // row n of W holds the 16 pairs of column n: a 16 x 16 transpose of 32-bit pairs
                 uint32_t tmp[16][16] __attribute__((aligned(64)));
                 __mmask32 km = rem >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << rem) - 1);
@@ -698,6 +706,14 @@ static AMX_TARGET void amx_pack_w_chunk(void *c_, size_t lo, size_t hi) {
             }
         }
     }
+}
+
+static void vnni_pack_fn(void *c_, size_t lo, size_t hi) { vnni_pack_chunk(c_, lo, hi); }
+
+// dst = the (N / 16 rounded up) groups of W's columns as above, on the pool.
+static void vnni_pack(uint16_t *dst, bool trans, const uint16_t *W, int ldw, int N, int K, int kbn) {
+    vnni_pack_t j = {.trans = trans, .W = W, .ldw = ldw, .N = N, .K = K, .kbn = kbn, .dst = dst};
+    par_for((size_t)(N + 15) / 16, (size_t)(PAR_ELEMS / (kbn * AMX_K) / 16), 1, vnni_pack_fn, &j);
 }
 
 // Blocks [lo, hi) of 32 x 32 outputs, block b = column block (b / mb), row block (b % mb).
@@ -761,15 +777,222 @@ static void gemm_bf16w_amx(bool trans_w, int M, int N, int K, float alpha, const
     j.xb = (uint16_t *)bf16_scratch((xn + 1) / 2);
     j.wp = (uint16_t *)pack_scratch((wn + 1) / 2);
     par_for((size_t)j.mb * 32, (size_t)(PAR_ELEMS / j.kp), 16, amx_pack_x_chunk, &j);
-    par_for((size_t)groups, (size_t)(PAR_ELEMS / j.kp / 16), 1, amx_pack_w_chunk, &j);
+    vnni_pack(j.wp, trans_w, W, ldw, N, K, j.kbn);
     par_for((size_t)j.mb * nb, 1, 1, amx_mul_chunk, &j);
+}
+
+// --- vdpbf16ps, many rows (the avx512-bf16 table): gemm_bf16w beyond the few-rows path ---------
+// The AVX-512 BF16 form of the AMX path above, for CPUs with vdpbf16ps but no AMX (Zen 4, Cooper
+// Lake): X rounded to bf16 (nearest even) and the same pair arithmetic, register tiles of
+// MR rows x NG groups of 16 columns, acc += broadcast(a pair) . (16 b pairs), over all of K.
+// A is a row-major bf16 matrix read in pairs along K, B pair-packed groups of 16 columns
+// (vnni_pack). With trans_w, A is W itself (N rows, read straight from the weights, no copy) and
+// B is X rounded and packed (M / 16 groups, O(M K)): the tiles hold C transposed. Without
+// trans_w (the backward dX = dY W), A is X rounded and B is W packed (O(N K)). Tiles are items
+// on the pool, ordered so that consecutive tiles share A's rows (with trans_w: W's rows stay in
+// L1 while X's groups pass) or B's group (without: W's packed columns stay in L2). Each output
+// is one lane's sum over K in order: the bits do not depend on the thread count or the tiling.
+#define DPG_MAX_ACC 24
+
+typedef struct {
+    const uint16_t *a;      // A: na rows, row r at a + r lda
+    size_t lda;
+    int na, nb;             // B: nb columns in groups of 16 at b + g ldb
+    const uint16_t *b;
+    size_t ldb;
+    int kpairs;             // pairs of K read from A and B
+    bool tail;              // then element 2 kpairs of A's rows (K odd, A = W)
+    bool trans_out;         // C[j][i] (i: A's row, j: B's column) instead of C[i][j]
+    bool a_major;           // consecutive tiles share A's rows (else B's group)
+    int mr, ng, at, bt;     // tile: mr rows of A x ng groups of B; at x bt tiles
+    float alpha, beta;
+    float *C;
+    int ldc;
+} dpg_job_t;
+
+static inline __attribute__((always_inline)) uint32_t dpg_pair(const uint16_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+// One tile of mr (<= MR) rows: acc[r NG + g] = A row r . B group g.
+static inline __attribute__((always_inline)) BF16DP_TARGET void dpg_tile(const int mr, const int NG,
+                                                                        const dpg_job_t *j, const uint16_t *a,
+                                                                        const uint16_t *b, __m512 *acc) {
+#pragma GCC unroll 24
+    for (int t = 0; t < mr * NG; t++) acc[t] = _mm512_setzero_ps();
+    const size_t lda = j->lda, ldb = j->ldb;
+    for (int p = 0; p < j->kpairs; p++) {
+        __m512bh bv[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++) bv[g] = (__m512bh)_mm512_load_si512(b + g * ldb + (size_t)p * 32);
+#pragma GCC unroll 16
+        for (int r = 0; r < mr; r++) {
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)dpg_pair(a + r * lda + 2 * (size_t)p));
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++) acc[r * NG + g] = _mm512_dpbf16_ps(acc[r * NG + g], av, bv[g]);
+        }
+    }
+    if (j->tail) {
+        size_t p = (size_t)j->kpairs;
+        __m512bh bv[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++) bv[g] = (__m512bh)_mm512_load_si512(b + g * ldb + p * 32);
+#pragma GCC unroll 16
+        for (int r = 0; r < mr; r++) {
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r * lda + 2 * p]);
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++) acc[r * NG + g] = _mm512_dpbf16_ps(acc[r * NG + g], av, bv[g]);
+        }
+    }
+}
+
+// C from a tile's sums: rows i0 .. i0 + mr - 1 of A, columns j0 .. of B (ng groups, those < nb).
+static BF16DP_TARGET void dpg_store(const dpg_job_t *j, int mr, int ng, int i0, int j0, const __m512 *acc) {
+    const __m512 va = _mm512_set1_ps(j->alpha), vb = _mm512_set1_ps(j->beta);
+    if (!j->trans_out) {
+        for (int r = 0; r < mr; r++)
+            for (int g = 0; g < ng; g++) {
+                int c0 = j0 + 16 * g, cols = j->nb - c0 < 16 ? j->nb - c0 : 16;
+                if (cols <= 0) break;
+                __mmask16 m = (__mmask16)((1u << cols) - 1);
+                float *cp = j->C + (size_t)(i0 + r) * j->ldc + c0;
+                __m512 v = _mm512_mul_ps(va, acc[r * ng + g]);
+                if (j->beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, cp), v);
+                _mm512_mask_storeu_ps(cp, m, v);
+            }
+        return;
+    }
+    // C[j0 + c][i0 + r]: the tile transposed through a buffer
+    float t[DPG_MAX_ACC * 16] __attribute__((aligned(64)));
+    for (int r = 0; r < mr; r++)
+        for (int g = 0; g < ng; g++) _mm512_store_ps(t + (size_t)(r * ng + g) * 16, acc[r * ng + g]);
+    int rows = j->nb - j0 < 16 * ng ? j->nb - j0 : 16 * ng;
+    for (int c = 0; c < rows; c++) {
+        float *cp = j->C + (size_t)(j0 + c) * j->ldc + i0;
+        const float *tc = t + (size_t)(c / 16) * 16 + c % 16;
+        if (j->beta == 0.0f)
+            for (int r = 0; r < mr; r++) cp[r] = j->alpha * tc[(size_t)r * ng * 16];
+        else
+            for (int r = 0; r < mr; r++) cp[r] = j->alpha * tc[(size_t)r * ng * 16] + j->beta * cp[r];
+    }
+}
+
+#define DPG_RUN(MR_, NG_)                   \
+    case MR_: {                             \
+        __m512 acc[MR_ * NG_];              \
+        dpg_tile(MR_, NG_, j, a, b, acc);   \
+        dpg_store(j, MR_, NG_, i0, j0, acc); \
+        return;                             \
+    }
+
+// Tile (ti, tj): A rows from ti mr, B groups from tj ng.
+static BF16DP_TARGET void dpg_one(const dpg_job_t *j, int ti, int tj) {
+    int i0 = ti * j->mr, j0 = tj * j->ng * 16, mr = j->na - i0 < j->mr ? j->na - i0 : j->mr;
+    int ng = (j->nb - j0 + 15) / 16 < j->ng ? (j->nb - j0 + 15) / 16 : j->ng;
+    const uint16_t *a = j->a + (size_t)i0 * j->lda, *b = j->b + (size_t)(j0 / 16) * j->ldb;
+    switch (ng) {
+    case 4:
+        switch (mr) { DPG_RUN(1, 4) DPG_RUN(2, 4) DPG_RUN(3, 4) DPG_RUN(4, 4) DPG_RUN(5, 4) DPG_RUN(6, 4) }
+        break;
+    case 3:
+        switch (mr) {
+            DPG_RUN(1, 3) DPG_RUN(2, 3) DPG_RUN(3, 3) DPG_RUN(4, 3) DPG_RUN(5, 3) DPG_RUN(6, 3) DPG_RUN(7, 3)
+            DPG_RUN(8, 3)
+        }
+        break;
+    case 2:
+        switch (mr) {
+            DPG_RUN(1, 2) DPG_RUN(2, 2) DPG_RUN(3, 2) DPG_RUN(4, 2) DPG_RUN(5, 2) DPG_RUN(6, 2) DPG_RUN(7, 2)
+            DPG_RUN(8, 2) DPG_RUN(9, 2) DPG_RUN(10, 2) DPG_RUN(11, 2) DPG_RUN(12, 2)
+        }
+        break;
+    default:
+        switch (mr) {
+            DPG_RUN(1, 1) DPG_RUN(2, 1) DPG_RUN(3, 1) DPG_RUN(4, 1) DPG_RUN(5, 1) DPG_RUN(6, 1) DPG_RUN(7, 1)
+            DPG_RUN(8, 1) DPG_RUN(9, 1) DPG_RUN(10, 1) DPG_RUN(11, 1) DPG_RUN(12, 1)
+        }
+        break;
+    }
+}
+#undef DPG_RUN
+
+static BF16DP_TARGET void dpg_chunk(void *c_, size_t lo, size_t hi) {
+    const dpg_job_t *j = c_;
+    for (size_t t = lo; t < hi; t++) {
+        int ti = j->a_major ? (int)(t / (size_t)j->bt) : (int)(t % (size_t)j->at);
+        int tj = j->a_major ? (int)(t % (size_t)j->bt) : (int)(t / (size_t)j->at);
+        dpg_one(j, ti, tj);
+    }
+}
+
+// The tile for nb columns of B: 4 groups (64 columns) x 6 rows, or fewer groups and more rows
+// where B is narrow (X of 9 .. 47 rows with trans_w: batched decode steps).
+static void dpg_run(dpg_job_t *j) {
+    int groups = (j->nb + 15) / 16;
+    j->ng = groups >= 4 ? 4 : groups;
+    j->mr = j->ng == 4 ? 6 : j->ng == 3 ? 8 : 12;
+    j->at = (j->na + j->mr - 1) / j->mr;
+    j->bt = (groups + j->ng - 1) / j->ng;
+    par_for((size_t)j->at * j->bt, 1, 1, dpg_chunk, j);
+}
+
+// gemm_bf16w with vdpbf16ps (M, N, K >= 1), in blocks that bound the calling thread's buffers
+// to about DPG_BLOCK_U16 bf16 values each: with trans_w, blocks of X's rows (each block's X
+// rounded and packed, then all of W against it; W is read once per block, 2 (block rows) flops
+// per byte read); without, blocks of K (X's columns rounded, W's rows packed; C accumulates the
+// blocks, beta applied with the first).
+#define DPG_BLOCK_U16 (2 * 1024 * 1024)
+
+static void gemm_bf16w_dpg(bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx,
+                           const uint16_t *W, int ldw, float beta, float *C, int ldc) {
+    int kp = (K + AMX_K - 1) / AMX_K * AMX_K, kbn = kp / AMX_K;
+    dpg_job_t j = {.alpha = alpha, .beta = beta, .ldc = ldc};
+    if (trans_w) {
+        // C^T (N, rows) = W X^T for each block of X's rows: A = W, B = the block packed
+        int mb = DPG_BLOCK_U16 / kp;
+        mb = mb < 64 ? 64 : mb & ~15;
+        if (mb > M) mb = M;
+        uint16_t *xb = (uint16_t *)bf16_scratch(((size_t)mb * kp + 1) / 2);
+        uint16_t *xp = (uint16_t *)pack_scratch(((size_t)(mb + 15) / 16 * kbn * AMX_TILE_U16 + 1) / 2);
+        for (int i0 = 0; i0 < M; i0 += mb) {
+            int rows = M - i0 < mb ? M - i0 : mb;
+            amx_job_t x = {.X = X + (size_t)i0 * ldx, .ldx = ldx, .M = rows, .K = K, .kp = kp, .xb = xb};
+            par_for((size_t)rows, (size_t)(PAR_ELEMS / kp), 16, amx_pack_x_chunk, &x);
+            vnni_pack(xp, true, xb, kp, rows, K, kbn);
+            j.a = W, j.lda = (size_t)ldw, j.na = N, j.b = xp, j.nb = rows, j.ldb = (size_t)kbn * AMX_TILE_U16;
+            j.kpairs = K / 2, j.tail = K & 1, j.trans_out = true, j.a_major = true, j.C = C + (size_t)i0 * ldc;
+            dpg_run(&j);
+        }
+        return;
+    }
+    // C (M, N) += X[:, k0 : k0 + kb] W[k0 : k0 + kb, :] for each block of K: A = X's columns
+    // rounded, B = W's rows packed
+    int kb = DPG_BLOCK_U16 / ((N + 15) / 16 * 16);
+    kb = kb < AMX_K ? AMX_K : kb / AMX_K * AMX_K;
+    if (kb > K) kb = K;
+    int kbp = (kb + AMX_K - 1) / AMX_K * AMX_K;
+    uint16_t *xb = (uint16_t *)bf16_scratch(((size_t)M * kbp + 1) / 2);
+    uint16_t *wp = (uint16_t *)pack_scratch(((size_t)(N + 15) / 16 * (kbp / AMX_K) * AMX_TILE_U16 + 1) / 2);
+    for (int k0 = 0; k0 < K; k0 += kb) {
+        int ks = K - k0 < kb ? K - k0 : kb, ksp = (ks + AMX_K - 1) / AMX_K * AMX_K;
+        amx_job_t x = {.X = X + k0, .ldx = ldx, .M = M, .K = ks, .kp = ksp, .xb = xb};
+        par_for((size_t)M, (size_t)(PAR_ELEMS / ksp), 16, amx_pack_x_chunk, &x);
+        vnni_pack(wp, false, W + (size_t)k0 * ldw, ldw, N, ks, ksp / AMX_K);
+        j.a = xb, j.lda = (size_t)ksp, j.na = M, j.b = wp, j.nb = N, j.ldb = (size_t)(ksp / AMX_K) * AMX_TILE_U16;
+        j.kpairs = (ks + 1) / 2, j.tail = false, j.trans_out = false, j.a_major = false, j.C = C;
+        j.beta = k0 == 0 ? beta : 1.0f;
+        dpg_run(&j);
+    }
 }
 #endif
 
 // trans_w (C = alpha X W^T + beta C, W (N,K)): up to BF16_SMALL_M rows of X (decode) take the
 // GEMV kernels above, one pass over W converting on the fly (half the bytes of an fp32 W;
 // measured faster than sgemm on an fp32 W up to ~8 rows), threads over W's rows; on the
-// avx512-bf16 variant X is rounded to bf16 first (vdpbf16ps). More rows: W converted block by
+// avx512-bf16 variant X is rounded to bf16 first (vdpbf16ps), and more rows, in both
+// directions, take gemm_bf16w_dpg above. Otherwise, more rows: W converted block by
 // block (at least BF16_MIN_ROWS rows, about BF16_BLOCK_FLOATS floats, 4 MiB) into the calling
 // thread's buffer, each block multiplied by OpenBLAS sgemm. Extra cost against sgemm on an fp32
 // W: one read of W and one write of its fp32 copy per call, O(N K) against the product's
@@ -819,6 +1042,12 @@ static void gemm_bf16w(bool dp, bool trans_w, int M, int N, int K, float alpha, 
             for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
         return;
     }
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+    if (dp && M > BF16_SMALL_M) {
+        gemm_bf16w_dpg(trans_w, M, N, K, alpha, X, ldx, W, ldw, beta, C, ldc);
+        return;
+    }
+#endif
     if (!trans_w) {
         int kb = bf16_block_rows(N, K);
         float *buf = bf16_scratch((size_t)kb * N);

@@ -8,9 +8,9 @@
 //   avx2          -march=x86-64-v3                  kernels_cpu_avx2
 //   scalar        -march=x86-64 (the SSE2 baseline) kernels_cpu_scalar
 //
-// The three avx512 tables differ in gemm_bf16w only: avx512-bf16's few-rows path multiplies with
-// vdpbf16ps (AVX512_BF16, a function compiled for it alone, used only when the CPU has it); amx
-// takes that path for few rows and AMX tiles (AMX-TILE, AMX-BF16) for more.
+// The three avx512 tables differ in gemm_bf16w only: avx512-bf16 multiplies with vdpbf16ps
+// (AVX512_BF16, functions compiled for it alone, used only when the CPU has it), few rows and
+// many; amx takes that path for few rows and AMX tiles (AMX-TILE, AMX-BF16) for more.
 #ifndef MARLAAS_KERNELS_CPU_VARIANTS_H
 #define MARLAAS_KERNELS_CPU_VARIANTS_H
 

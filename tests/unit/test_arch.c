@@ -230,9 +230,9 @@ Test(arch, sliding_window_bounds_the_context) {
 
 // The training path (engine_logprobs) of a bf16 model equals that of the fp32 model of its
 // rounded weights: N tokens give every product more than 8 rows (the head N - 1), so gemm_bf16w
-// takes its blocked path, which uses X exactly on every CPU variant but amx (which rounds X to
-// bf16 there, as the few-rows path of avx512-bf16 does: test_bf16.c, test_cpu_isa.c; the test
-// runs on avx512-bf16 where the CPU has AMX).
+// takes its blocked path, which uses X exactly on the avx512, avx2 and scalar variants (amx and
+// avx512-bf16 round X to bf16: test_bf16.c, test_cpu_isa.c; the test runs on avx512 where the CPU
+// has AVX512_BF16).
 Test(arch, bf16_weights_on_every_variant, .init = tu_x_exact_variant) {
     enum { N = 12 };
     for (int v = 0; v < AU_N_VARIANTS; v++) {

@@ -6,18 +6,17 @@
 // what a bf16 model refuses (full-parameter training, model_save). Untied and tied heads. Also
 // the services' --weights setting (kernels_weights_bf16, model_load_as).
 //
-// Tolerances: the CPU backend's gemm_bf16w multiplies by exactly the bf16 values and, but on the
-// few-rows path of its avx512-bf16 variant, uses X exactly, so against the rounded fp32 model
-// only the fp32 summation order differs (the backward adds W in blocks): about 1e-7 relative per
+// Tolerances: the CPU backend's gemm_bf16w multiplies by exactly the bf16 values and, on its
+// avx512, avx2 and scalar variants, uses X exactly, so against the rounded fp32 model only the
+// fp32 summation order differs (the backward adds W in blocks): about 1e-7 relative per
 // product, a few 1e-7 after the layers. The checks allow 1e-5 relative to the largest
 // magnitude of each output, 10-100x that, while the bf16 rounding of the weights (up to 2^-8
 // relative per weight) moves the outputs by ~1e-2 relative: the unrounded model must differ
-// by more than 1e-4 (the bf16 path is used) and less than 5e-2 (it is the same model). The
-// avx512-bf16 variant's few-rows path (the decode steps here) rounds X to bf16 too (kernels.h),
-// which moves its outputs as much as the weights' rounding does: there the rounded model is
-// only required within the same 5e-2 (test_cpu_isa.c checks that path's products exactly). So is
-// the amx variant, which rounds X in every product (the *_amx tests); the others run on
-// avx512-bf16 where the CPU has AMX (tu_x_exact_variant).
+// by more than 1e-4 (the bf16 path is used) and less than 5e-2 (it is the same model). These
+// tests run on avx512 where the CPU has AVX512_BF16 (tu_x_exact_variant). The avx512-bf16 and
+// amx variants round X to bf16 too (kernels.h), which moves their outputs as much as the
+// weights' rounding does: there the rounded model is only required within the same 5e-2 (the
+// *_x_rounded tests; test_cpu_isa.c checks those products exactly).
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,15 +138,17 @@ static void check_step(bool tied) {
 Test(bf16, step_logits, .init = tu_x_exact_variant) { check_step(false); }
 Test(bf16, step_logits_tied_head, .init = tu_x_exact_variant) { check_step(true); }
 
-// The amx variant (the default where the CPU has AMX) rounds X in every product: the same checks
-// with the bound of X's rounding.
-static void want_amx(void) {
-    if (kernels_cpu_variant("amx")) setenv("MARLAAS_CPU_ISA", "amx", 1);
+// The amx and avx512-bf16 variants (the default where the CPU has AMX or AVX512_BF16) round X:
+// the same checks with the bound of X's rounding, on the better of the two the CPU runs.
+static void want_x_rounded(void) {
+    const char *isa = kernels_cpu_variant("amx") ? "amx" : kernels_cpu_variant("avx512-bf16") ? "avx512-bf16" : NULL;
+    if (isa) setenv("MARLAAS_CPU_ISA", isa, 1);
 }
-#define NEED_AMX() \
-    if (strcmp(kernels_cpu_isa(), "amx") != 0) cr_skip_test("this CPU (or its kernel) cannot run the amx variant")
-Test(bf16, step_logits_amx, .init = want_amx) {
-    NEED_AMX();
+#define NEED_X_ROUNDED()                                                    \
+    if (strcmp(kernels_cpu_isa(), "amx") != 0 && strcmp(kernels_cpu_isa(), "avx512-bf16") != 0) \
+    cr_skip_test("this CPU (or its kernel) runs neither the amx nor the avx512-bf16 variant")
+Test(bf16, step_logits_x_rounded, .init = want_x_rounded) {
+    NEED_X_ROUNDED();
     check_step(false);
 }
 
@@ -187,7 +188,7 @@ static void check_train(bool tied) {
     for (int r = 0; r < N_RIGS; r++)
         for (int i = 0; i < NS; i++)
             for (int t = 0; t < LEN; t++) flat[r][i * LEN + t] = t < s[i].len ? lp[r][i][t] : 0.0f;
-    // every product has more than 8 rows: the blocked (amx: tiled) path, both directions
+    // every product has more than 8 rows: the blocked (amx, avx512-bf16: tiled) path, both directions
     bool xr = tu_bf16_rounds_x(false, 3 * LEN - 3);
     expect_bf16("log-probs", (const float *[]){flat[0], flat[1], flat[2]}, NS * LEN, xr);
     expect_bf16("LoRA gradients", (const float *[]){grad[0], grad[1], grad[2]}, np, xr);
@@ -197,8 +198,8 @@ static void check_train(bool tied) {
 
 Test(bf16, logprobs_and_lora_gradients, .init = tu_x_exact_variant) { check_train(false); }
 Test(bf16, logprobs_and_lora_gradients_tied_head, .init = tu_x_exact_variant) { check_train(true); }
-Test(bf16, logprobs_and_lora_gradients_amx, .init = want_amx) {
-    NEED_AMX();
+Test(bf16, logprobs_and_lora_gradients_x_rounded, .init = want_x_rounded) {
+    NEED_X_ROUNDED();
     check_train(false);
 }
 

@@ -1,6 +1,6 @@
 // test_cpu_isa.c - the CPU backend's kernel variants (kernels_cpu_variant: amx, avx512-bf16,
 // avx512, avx2, scalar; each one this CPU runs): the few-rows products (gemm with trans_b and gemm_bf16w
-// with trans_w at M <= 8: the GEMV kernels; M = 9 crosses to sgemm) against a double-precision
+// with trans_w at M <= 8: the GEMV kernels; M = 9 crosses to the many-rows paths) against a double-precision
 // reference, with row strides larger than the rows, alpha and beta (beta = 0 over a NaN-filled
 // C), odd sizes; the variants against each other; a row's result independent of the rows beside
 // it and of the thread count; and the choice of the variant (MARLAAS_CPU_ISA honoured, a bad
@@ -13,8 +13,9 @@
 // against the reference on the rounded X with the same bound (its products of two bf16 are exact
 // in fp32; bf16 subnormals, flushed by vdpbf16ps, do not occur in these inputs), and against the
 // other variants with the rounding's own bound added, 2^-8 |alpha| sum_k |x_k w_k| (bf16 keeps 8
-// significant bits). The amx variant rounds X for every gemm_bf16w (AMX tiles beyond the few
-// rows, both directions): checked the same way at many rows, with and without trans_w.
+// significant bits). The avx512-bf16 and amx variants round X in gemm_bf16w beyond the few rows
+// too (vdpbf16ps or AMX tiles, both directions): checked the same way at many rows, with and
+// without trans_w.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <omp.h>
@@ -101,7 +102,7 @@ static float *prob_run(const prob_t *p, const kernels_t *k) {
 
 // Does variant isa round X on this problem?
 static bool rounds_x(const prob_t *p, const char *isa) {
-    return p->bf16 && ((p->M <= BF16_M && !strcmp(isa, "avx512-bf16")) || !strcmp(isa, "amx"));
+    return p->bf16 && (!strcmp(isa, "avx512-bf16") || !strcmp(isa, "amx"));   // trans_w here
 }
 
 // The exact C[i, j] (X rounded or not) and its error bound.
@@ -277,12 +278,13 @@ Test(cpu_isa, rows_and_threads_do_not_change_the_bits) {
     }
 }
 
-// The amx variant's tiles: gemm_bf16w at M > BF16_M, with trans_w (W (N, K)) and without (W (K,
-// N)), sizes off the 16 / 32 multiples, strides above the rows, alpha and beta (beta = 0 over
-// NaN), against the double-precision reference on X rounded to bf16 and against the avx512
-// variant (X exact) within the rounding's bound; 2 threads give the bits of 1.
-static void amx_case(const kernels_t *amx, const kernels_t *ref_k, bool trans, int M, int N, int K, float alpha,
-                     float beta) {
+// The many-rows paths of the variants that round X (amx: AMX tiles; avx512-bf16: vdpbf16ps
+// register tiles): gemm_bf16w at M > BF16_M, with trans_w (W (N, K)) and without (W (K, N)),
+// sizes off the 16 / 32 multiples and the tiles' 6 / 8 / 12 rows, strides above the rows, alpha
+// and beta (beta = 0 over NaN), against the double-precision reference on X rounded to bf16 and
+// against the avx512 variant (X exact) within the rounding's bound; 2 threads give the bits of 1.
+static void rounding_case(const char *isa, const kernels_t *kv, const kernels_t *ref_k, bool trans, int M, int N,
+                          int K, float alpha, float beta) {
     const kernels_t *k = kernels_cpu();
     int ldx = K + 3, wr = trans ? N : K, wc = trans ? K : N, ldw = wc + 5, ldc = N + 2;
     float *X = k->alloc(sizeof(float) * (size_t)M * ldx), *Xr = k->alloc(sizeof(float) * (size_t)M * ldx);
@@ -301,18 +303,18 @@ static void amx_case(const kernels_t *amx, const kernels_t *ref_k, bool trans, i
     memcpy(Ce, C0, sizeof(float) * (size_t)M * ldc);
     memcpy(C1, C0, sizeof(float) * (size_t)M * ldc);
     kpool_set_threads(2);
-    amx->gemm_bf16w(trans, M, N, K, alpha, X, ldx, W16, ldw, beta, C, ldc);
+    kv->gemm_bf16w(trans, M, N, K, alpha, X, ldx, W16, ldw, beta, C, ldc);
     kpool_set_threads(1);
-    amx->gemm_bf16w(trans, M, N, K, alpha, X, ldx, W16, ldw, beta, C1, ldc);
+    kv->gemm_bf16w(trans, M, N, K, alpha, X, ldx, W16, ldw, beta, C1, ldc);
     ref_k->gemm_bf16w(trans, M, N, K, alpha, X, ldx, W16, ldw, beta, Ce, ldc);
     kpool_set_threads(2);
-    cr_assert(memcmp(C, C1, sizeof(float) * (size_t)M * ldc) == 0, "amx trans=%d M=%d N=%d K=%d: 2 threads != 1",
-              trans, M, N, K);
+    cr_assert(memcmp(C, C1, sizeof(float) * (size_t)M * ldc) == 0, "%s trans=%d M=%d N=%d K=%d: 2 threads != 1",
+              isa, trans, M, N, K);
     for (int i = 0; i < M; i++)
         for (int j = 0; j < ldc; j++) {
             float got = C[(size_t)i * ldc + j], c0 = C0[(size_t)i * ldc + j];
             if (j >= N) {
-                cr_assert(memcmp(&got, &c0, sizeof got) == 0, "amx: padding C[%d,%d] changed", i, j);
+                cr_assert(memcmp(&got, &c0, sizeof got) == 0, "%s: padding C[%d,%d] changed", isa, i, j);
                 continue;
             }
             double sr = 0, se = 0, mag = 0;
@@ -325,18 +327,18 @@ static void amx_case(const kernels_t *amx, const kernels_t *ref_k, bool trans, i
             double bc = beta == 0.0f ? 0.0 : (double)beta * c0;
             double bound = 2.0 * ((K + 2) * 0x1p-24 * fabs(alpha) * mag * 1.01 + 0x1p-23 * fabs(bc)) + 1e-30;
             double want = alpha * sr + bc;
-            cr_assert(fabs(got - want) <= bound, "amx trans=%d M=%d N=%d K=%d: C[%d,%d] = %.9g, want %.9g (bound %.3g)",
-                      trans, M, N, K, i, j, got, want, bound);
+            cr_assert(fabs(got - want) <= bound, "%s trans=%d M=%d N=%d K=%d: C[%d,%d] = %.9g, want %.9g (bound %.3g)",
+                      isa, trans, M, N, K, i, j, got, want, bound);
             double exact = Ce[(size_t)i * ldc + j], tol = 2 * bound + 0x1p-8 * fabs(alpha) * mag * 1.01;
             cr_assert(fabs(got - exact) <= tol && fabs(exact - (alpha * se + bc)) <= bound,
-                      "amx vs X exact, trans=%d M=%d N=%d K=%d: C[%d,%d] = %.9g vs %.9g", trans, M, N, K, i, j, got, exact);
+                      "%s vs X exact, trans=%d M=%d N=%d K=%d: C[%d,%d] = %.9g vs %.9g", isa, trans, M, N, K, i, j, got, exact);
         }
     k->free(X), k->free(Xr), k->free(Wf), k->free(W16), k->free(C0), k->free(C), k->free(Ce), k->free(C1);
 }
 
-Test(cpu_isa, gemm_bf16w_many_rows_amx) {
-    const kernels_t *amx = kernels_cpu_variant("amx"), *ref_k = kernels_cpu_variant("avx512");
-    if (!amx) cr_skip_test("this CPU (or its kernel) cannot run the amx variant");
+static void many_rows(const char *isa) {
+    const kernels_t *k = kernels_cpu_variant(isa), *ref_k = kernels_cpu_variant("avx512");
+    if (!k) cr_skip_test("this CPU (or its kernel) cannot run the %s variant", isa);
     ci_state = 14;
     static const int Ms[] = {9, 16, 33, 70}, Ns[] = {1, 16, 33, 100}, Ks[] = {1, 31, 33, 100};
     for (int t = 0; t < 2; t++)
@@ -344,11 +346,17 @@ Test(cpu_isa, gemm_bf16w_many_rows_amx) {
             for (int b = 0; b < 4; b++)
                 for (int c = 0; c < 4; c++) {
                     int v = a + b + c + t;
-                    amx_case(amx, ref_k, t, Ms[a], Ns[b], Ks[c], v % 3 ? 0.7f : 1.0f, v % 2 ? 0.3f : 0.0f);
+                    rounding_case(isa, k, ref_k, t, Ms[a], Ns[b], Ks[c], v % 3 ? 0.7f : 1.0f, v % 2 ? 0.3f : 0.0f);
                 }
-    amx_case(amx, ref_k, true, 512, 300, 520, 1.0f, 0.0f);   // many blocks on the pool
-    amx_case(amx, ref_k, false, 512, 520, 300, 1.0f, 1.0f);
+    rounding_case(isa, k, ref_k, true, 512, 300, 520, 1.0f, 0.0f);   // many blocks on the pool
+    rounding_case(isa, k, ref_k, false, 512, 520, 300, 1.0f, 1.0f);
+    // avx512-bf16 bounds its buffers: blocks of X's rows (trans_w, long K) or of K (without)
+    rounding_case(isa, k, ref_k, true, 300, 40, 16400, 0.7f, 0.3f);
+    rounding_case(isa, k, ref_k, false, 20, 1000, 5000, 0.7f, 0.3f);
 }
+
+Test(cpu_isa, gemm_bf16w_many_rows_amx) { many_rows("amx"); }
+Test(cpu_isa, gemm_bf16w_many_rows_avx512_bf16) { many_rows("avx512-bf16"); }
 
 // --- the choice of the variant -------------------------------------------------------------------
 // Made once per process, at the first kernels_cpu(): each Criterion test runs in a process of its

@@ -77,17 +77,19 @@ static inline bool tu_kind_is_matrix(int i) {
 }
 
 // Criterion .init of a test that checks bf16 weights used with the activations exact: on a CPU
-// that runs the amx variant (which rounds X to bf16 in every product beyond the few-rows path),
-// the process uses the avx512-bf16 variant instead (each test runs in a process of its own, and
-// the variant is chosen at the first kernels_cpu()).
+// that runs the avx512-bf16 or amx variant (which round X to bf16 in gemm_bf16w), the process
+// uses the avx512 variant instead (each test runs in a process of its own, and the variant is
+// chosen at the first kernels_cpu()).
 static inline void tu_x_exact_variant(void) {
-    if (kernels_cpu_variant("amx")) setenv("MARLAAS_CPU_ISA", "avx512-bf16", 1);
+    if (kernels_cpu_variant("avx512-bf16")) setenv("MARLAAS_CPU_ISA", "avx512", 1);
 }
 
-// Does the CPU variant in use round X to bf16 in gemm_bf16w (kernels.h) for this product?
+// Does the CPU variant in use round X to bf16 in gemm_bf16w (kernels.h) for this product? The
+// avx512-bf16 and amx variants do in every product but the backward one (!trans_w) of up to 8
+// rows.
 static inline bool tu_bf16_rounds_x(bool trans_w, int M) {
     const char *isa = kernels_cpu_isa();
-    return (!strcmp(isa, "amx") && (trans_w || M > 8)) || (!strcmp(isa, "avx512-bf16") && trans_w && M <= 8);
+    return (!strcmp(isa, "amx") || !strcmp(isa, "avx512-bf16")) && (trans_w || M > 8);
 }
 
 // An fp32 CPU model computing what m converted with model_to_bf16 computes: m's values (m an
