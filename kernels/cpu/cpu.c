@@ -792,7 +792,6 @@ static void gemm_bf16w_amx(bool trans_w, int M, int N, int K, float alpha, const
 // on the pool, ordered so that consecutive tiles share A's rows (with trans_w: W's rows stay in
 // L1 while X's groups pass) or B's group (without: W's packed columns stay in L2). Each output
 // is one lane's sum over K in order: the bits do not depend on the thread count or the tiling.
-#define DPG_MAX_ACC 24
 
 typedef struct {
     const uint16_t *a;      // A: na rows, row r at a + r lda
@@ -848,6 +847,41 @@ static inline __attribute__((always_inline)) BF16DP_TARGET void dpg_tile(const i
     }
 }
 
+// v[0..7] (16 floats each) transposed: column l (l < rows) of the 8 x 16 block, its first cnt
+// values, to c + l ldc (+ beta times what is there). Unpacks and shuffles in three rounds; column
+// l ends in one half of a register (s = l % 4: columns s, 4 + s in xs[s], 8 + s, 12 + s in ys[s]).
+static inline __attribute__((always_inline)) void dpg_store_t8(const __m512 v[8], int cnt, int rows, float beta,
+                                                              float *c, int ldc) {
+    __m512 t[8], u[8];
+    for (int q = 0; q < 4; q++) {
+        t[2 * q] = _mm512_unpacklo_ps(v[2 * q], v[2 * q + 1]);
+        t[2 * q + 1] = _mm512_unpackhi_ps(v[2 * q], v[2 * q + 1]);
+    }
+    for (int q = 0; q < 2; q++) {   // u[4 q + s]: rows 4 q .. 4 q + 3 of columns s, 4 + s, 8 + s, 12 + s
+        u[4 * q + 0] = _mm512_shuffle_ps(t[4 * q], t[4 * q + 2], 0x44);
+        u[4 * q + 1] = _mm512_shuffle_ps(t[4 * q], t[4 * q + 2], 0xEE);
+        u[4 * q + 2] = _mm512_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0x44);
+        u[4 * q + 3] = _mm512_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0xEE);
+    }
+    const __mmask8 m = (__mmask8)((1u << cnt) - 1);
+    for (int s = 0; s < 4; s++) {
+        __m512 x = _mm512_shuffle_f32x4(u[s], u[4 + s], _MM_SHUFFLE(1, 0, 1, 0));
+        __m512 y = _mm512_shuffle_f32x4(u[s], u[4 + s], _MM_SHUFFLE(3, 2, 3, 2));
+        x = _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(3, 1, 2, 0));
+        y = _mm512_shuffle_f32x4(y, y, _MM_SHUFFLE(3, 1, 2, 0));
+        __m256 col[4] = {_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1), _mm512_castps512_ps256(y),
+                         _mm512_extractf32x8_ps(y, 1)};
+        for (int b = 0; b < 4; b++) {
+            int l = 4 * b + s;
+            if (l >= rows) continue;
+            float *cl = c + (size_t)l * ldc;
+            __m256 o = col[b];
+            if (beta != 0.0f) o = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_maskz_loadu_ps(m, cl), o);
+            _mm256_mask_storeu_ps(cl, m, o);
+        }
+    }
+}
+
 // C from a tile's sums: rows i0 .. i0 + mr - 1 of A, columns j0 .. of B (ng groups, those < nb).
 static BF16DP_TARGET void dpg_store(const dpg_job_t *j, int mr, int ng, int i0, int j0, const __m512 *acc) {
     const __m512 va = _mm512_set1_ps(j->alpha), vb = _mm512_set1_ps(j->beta);
@@ -864,18 +898,17 @@ static BF16DP_TARGET void dpg_store(const dpg_job_t *j, int mr, int ng, int i0, 
             }
         return;
     }
-    // C[j0 + c][i0 + r]: the tile transposed through a buffer
-    float t[DPG_MAX_ACC * 16] __attribute__((aligned(64)));
-    for (int r = 0; r < mr; r++)
-        for (int g = 0; g < ng; g++) _mm512_store_ps(t + (size_t)(r * ng + g) * 16, acc[r * ng + g]);
-    int rows = j->nb - j0 < 16 * ng ? j->nb - j0 : 16 * ng;
-    for (int c = 0; c < rows; c++) {
-        float *cp = j->C + (size_t)(j0 + c) * j->ldc + i0;
-        const float *tc = t + (size_t)(c / 16) * 16 + c % 16;
-        if (j->beta == 0.0f)
-            for (int r = 0; r < mr; r++) cp[r] = j->alpha * tc[(size_t)r * ng * 16];
-        else
-            for (int r = 0; r < mr; r++) cp[r] = j->alpha * tc[(size_t)r * ng * 16] + j->beta * cp[r];
+    // C[j0 + c][i0 + r]: per group of 16 columns, blocks of up to 8 rows transposed in registers
+    for (int g = 0; g < ng; g++) {
+        int rows = j->nb - j0 - 16 * g;
+        if (rows <= 0) break;
+        if (rows > 16) rows = 16;
+        for (int h = 0; h < mr; h += 8) {
+            int cnt = mr - h < 8 ? mr - h : 8;
+            __m512 v[8];
+            for (int r = 0; r < 8; r++) v[r] = r < cnt ? _mm512_mul_ps(va, acc[(h + r) * ng + g]) : _mm512_setzero_ps();
+            dpg_store_t8(v, cnt, rows, j->beta, j->C + (size_t)(j0 + 16 * g) * j->ldc + i0 + h, j->ldc);
+        }
     }
 }
 
