@@ -849,7 +849,7 @@ static inline __attribute__((always_inline)) BF16DP_TARGET void dpg_tile(const i
 
 // v[0..7] (16 floats each) transposed: column l (l < rows) of the 8 x 16 block, its first cnt
 // values, to c + l ldc (+ beta times what is there). Unpacks and shuffles in three rounds; column
-// l ends in one half of a register (s = l % 4: columns s, 4 + s in xs[s], 8 + s, 12 + s in ys[s]).
+// l ends in one half of a register (for s = l % 4: columns s and 4 + s in x, 8 + s and 12 + s in y).
 static inline __attribute__((always_inline)) void dpg_store_t8(const __m512 v[8], int cnt, int rows, float beta,
                                                               float *c, int ldc) {
     __m512 t[8], u[8];
