@@ -54,6 +54,17 @@ typedef struct {
     int max_len;
 } kern_packed_attn_t;
 
+// One product of gemm_parts: C (M, N) = X W^T + beta C with an fp32 W or a bf16 W16 (N, K),
+// exactly one of the two set; W and C contiguous.
+typedef struct {
+    const float *W;
+    const uint16_t *W16;
+    int N;
+    float beta;
+    float *C;
+} kern_part_t;
+#define KERN_PARTS_MAX 4
+
 // One segment of a multi-LoRA (SGMV) product: rows row0 .. row0+n_rows-1 use adapter matrices
 // A (rank, in) and B (rank, out) (lora_B transposed) with the given scale.
 typedef struct {
@@ -104,6 +115,13 @@ typedef struct kernels {
     // exact, each product moves by at most 2^-8 of |x w|.
     void (*gemm_bf16w)(bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx, const uint16_t *W,
                        int ldw, float beta, float *C, int ldc);
+    // Optional (NULL: the caller makes the separate calls). The products of one X (M, K),
+    // contiguous, with n_parts <= KERN_PARTS_MAX matrices (the projections that share an input:
+    // q, k, v; gate, up), each computed bit for bit as its own call computes it: gemm(false, true,
+    // M, N, K, 1, X, K, W, K, beta, C, N) for an fp32 part, gemm_bf16w(true, M, N, K, 1, X, K, W16,
+    // K, beta, C, N) for a bf16 one. The CPU backend runs the few-rows products (decode steps) of
+    // all parts as one parallel loop: one hand-off between its threads instead of one per matrix.
+    void (*gemm_parts)(int M, int K, const float *X, const kern_part_t *parts, int n_parts);
     // dst (n) = bf16(src): round to nearest, ties to even; overflow gives +-inf, NaN stays NaN
     // (quiet, sign and upper payload kept), subnormals rounded like normals (no flush to zero).
     void (*to_bf16)(uint16_t *dst, const float *src, size_t n);

@@ -193,6 +193,40 @@ static void linear(engine_t *e, int l, lora_target_t t, const float *X, int in, 
     lora_forward(k, &e->plan, e->pool, l, t, X, in, Y, out, T, scratch);
 }
 
+// One of the products linear_many makes: target t's layer-l matrix (W or W16 as in base_fwd, out
+// rows), its bias b (or NULL), into Y (N, out).
+typedef struct {
+    lora_target_t t;
+    float *Y;
+    int out;
+    const float *W;
+    const uint16_t *W16;
+    const float *b;
+} lin_t;
+
+// linear (beta 0) for n <= KERN_PARTS_MAX targets of one input X (q, k, v; gate, up): the base
+// products in one gemm_parts call where the backend has it (the same bits as separate calls),
+// then each target's bias and LoRA; T[t] as linear's T.
+static void linear_many(engine_t *e, int l, const lin_t *p, int n, const float *X, int in, float *const *T,
+                        float *scratch, int N) {
+    const kernels_t *k = e->k;
+    if (k->gemm_parts && n <= KERN_PARTS_MAX) {
+        kern_part_t parts[KERN_PARTS_MAX];
+        for (int i = 0; i < n; i++) {
+            size_t off = (size_t)l * p[i].out * in;
+            parts[i] = (kern_part_t){.W = p[i].W16 ? NULL : p[i].W + off, .W16 = p[i].W16 ? p[i].W16 + off : NULL,
+                                     .N = p[i].out, .beta = 0.0f, .C = p[i].Y};
+        }
+        k->gemm_parts(N, in, X, parts, n);
+    } else {
+        for (int i = 0; i < n; i++) base_fwd(k, p[i].W, p[i].W16, l, p[i].out, in, X, 0.0f, p[i].Y, N);
+    }
+    for (int i = 0; i < n; i++) {
+        if (p[i].b) k->add_bias(p[i].Y, p[i].b + (size_t)l * p[i].out, N, p[i].out);
+        lora_forward(k, &e->plan, e->pool, l, p[i].t, X, in, p[i].Y, p[i].out, T[p[i].t], scratch);
+    }
+}
+
 typedef struct {
     int N;
     const int32_t *pos;
@@ -222,9 +256,10 @@ static void layer_forward(engine_t *e, int l, acts_t *a, const fwd_ctx_t *c, flo
     // With q/k norms (qwen3) the projections go to q_raw / k_raw (training keeps them for the
     // backward; inference normalises in place: rmsnorm is element-wise after its row sum).
     float *qp = a->q_raw ? a->q_raw : a->q, *kp = a->k_raw ? a->k_raw : a->k;
-    linear(e, l, LORA_Q, a->xn1, D, qp, Qd, w->wq, w16->wq, w->bq, 0.0f, a->T[LORA_Q], scratch, N);
-    linear(e, l, LORA_K, a->xn1, D, kp, KVd, w->wk, w16->wk, w->bk, 0.0f, a->T[LORA_K], scratch, N);
-    linear(e, l, LORA_V, a->xn1, D, a->v, KVd, w->wv, w16->wv, w->bv, 0.0f, a->T[LORA_V], scratch, N);
+    const lin_t qkv[3] = {{LORA_Q, qp, Qd, w->wq, w16->wq, w->bq},
+                          {LORA_K, kp, KVd, w->wk, w16->wk, w->bk},
+                          {LORA_V, a->v, KVd, w->wv, w16->wv, w->bv}};
+    linear_many(e, l, qkv, 3, a->xn1, D, a->T, scratch, N);
     if (cf->qk_norm) {
         // Every head's vector is one RMSNorm row of head_dim.
         k->rmsnorm(a->q, a->rstdq, qp, w->q_norm + (size_t)l * hd, N * H, hd, cf->rms_norm_eps);
@@ -251,8 +286,8 @@ static void layer_forward(engine_t *e, int l, acts_t *a, const fwd_ctx_t *c, flo
     linear(e, l, LORA_O, a->att, Qd, a->x_mid, D, w->wo, w16->wo, w->bo, 1.0f, a->T[LORA_O], scratch, N);
 
     k->rmsnorm(a->xn2, a->rstd2, a->x_mid, w->mlp_norm + (size_t)l * D, N, D, cf->rms_norm_eps);
-    linear(e, l, LORA_GATE, a->xn2, D, a->g, F, w->wg, w16->wg, w->bg, 0.0f, a->T[LORA_GATE], scratch, N);
-    linear(e, l, LORA_UP, a->xn2, D, a->u, F, w->wu, w16->wu, w->bu, 0.0f, a->T[LORA_UP], scratch, N);
+    const lin_t gu[2] = {{LORA_GATE, a->g, F, w->wg, w16->wg, w->bg}, {LORA_UP, a->u, F, w->wu, w16->wu, w->bu}};
+    linear_many(e, l, gu, 2, a->xn2, D, a->T, scratch, N);
     k->glu(a->h, a->g, a->u, (size_t)N * F, kern_act(cf));
     // x_out is the next layer's x_in; the caller points it (in place for inference).
 }

@@ -600,15 +600,23 @@ static void round_row_bf16(uint16_t *dst, const float *src, int n) {
     for (; k < n; k++) dst[k] = f32_to_bf16(src[k]);
 }
 
+// X (M, K) rounded to bf16 into the calling thread's buffer, rows of *kp (K padded with zeros to
+// a multiple of DP_W).
+static uint16_t *gemv_dp_round_x(int M, int K, const float *X, int ldx, int *kp) {
+    *kp = (K + DP_W - 1) / DP_W * DP_W;
+    uint16_t *xb = (uint16_t *)bf16_scratch(((size_t)M * *kp + 1) / 2);
+    for (int i = 0; i < M; i++) {
+        uint16_t *bi = xb + (size_t)i * *kp;
+        round_row_bf16(bi, X + (size_t)i * ldx, K);
+        for (int k = K; k < *kp; k++) bi[k] = 0;
+    }
+    return xb;
+}
+
 static void gemv_bf16_dp(int M, int N, int K, float alpha, const float *X, int ldx, const uint16_t *W, int ldw,
                          float beta, float *C, int ldc) {
-    int kp = (K + DP_W - 1) / DP_W * DP_W;
-    uint16_t *xb = (uint16_t *)bf16_scratch(((size_t)M * kp + 1) / 2);
-    for (int i = 0; i < M; i++) {
-        uint16_t *bi = xb + (size_t)i * kp;
-        round_row_bf16(bi, X + (size_t)i * ldx, K);
-        for (int k = K; k < kp; k++) bi[k] = 0;
-    }
+    int kp;
+    uint16_t *xb = gemv_dp_round_x(M, K, X, ldx, &kp);
     gemv_dp_run(M, N, K, alpha, xb, kp, W, ldw, beta, C, ldc);
 }
 
@@ -1130,6 +1138,82 @@ static void cpu_gemm_bf16w_amx(bool trans_w, int M, int N, int K, float alpha, c
         gemm_bf16w_amx(trans_w, M, N, K, alpha, X, ldx, W, ldw, beta, C, ldc);
     else
         gemm_bf16w(true, trans_w, M, N, K, alpha, X, ldx, W, ldw, beta, C, ldc);
+}
+#endif
+
+// gemm_parts (kernels.h): up to KERN_PARTS_MAX products of one X; when all are few-rows
+// products of one precision (the GEMV kernels: decode steps), their chunks of W rows form one
+// loop on the pool, part after part, each chunk computed by the very function a separate call
+// runs (the avx512-bf16 variant rounds X to bf16 once for all parts); otherwise the separate
+// calls.
+typedef struct {
+    void (*chunk)(void *, size_t, size_t);
+    gemv_job_t job[KERN_PARTS_MAX];
+    size_t first[KERN_PARTS_MAX + 1];   // chunk offsets of the parts
+    int n;
+} parts_job_t;
+
+static void parts_chunk(void *c_, size_t lo, size_t hi) {
+    parts_job_t *j = c_;
+    for (int p = 0; p < j->n && lo < hi; p++) {
+        size_t a = j->first[p], b = j->first[p + 1];
+        if (lo >= b) continue;
+        size_t e = hi < b ? hi : b;
+        j->chunk(&j->job[p], lo - a, e - a);
+        lo = e;
+    }
+}
+
+typedef void (*bf16w_fn_t)(bool, int, int, int, float, const float *, int, const uint16_t *, int, float, float *, int);
+
+// bf16w: the table's gemm_bf16w (the separate calls); dp: its few-rows path is vdpbf16ps.
+static void gemm_parts(bf16w_fn_t bf16w, bool dp, int M, int K, const float *X, const kern_part_t *pt, int n) {
+    bool bf16 = n > 0 && pt[0].W16;
+    bool one_loop = n >= 2 && n <= KERN_PARTS_MAX && M >= 1 && K >= 1 && M <= (bf16 ? BF16_SMALL_M : GEMV_MAX_M);
+    for (int p = 0; p < n && one_loop; p++) one_loop = (pt[p].W16 != NULL) == bf16 && pt[p].N >= 1;
+    if (!one_loop) {
+        for (int p = 0; p < n; p++) {
+            if (pt[p].W16)
+                bf16w(true, M, pt[p].N, K, 1.0f, X, K, pt[p].W16, K, pt[p].beta, pt[p].C, pt[p].N);
+            else
+                cpu_gemm(false, true, M, pt[p].N, K, 1.0f, X, K, pt[p].W, K, pt[p].beta, pt[p].C, pt[p].N);
+        }
+        return;
+    }
+    parts_job_t j = {.n = n, .chunk = bf16 ? gemv_bf16_chunk : gemv_f32_chunk};
+    const void *x = X;
+    int ldx = K;
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+    if (bf16 && dp) {
+        x = gemv_dp_round_x(M, K, X, K, &ldx);
+        j.chunk = gemv_dp_chunk;
+    }
+#else
+    (void)dp;
+#endif
+    size_t bytes = 0;
+    for (int p = 0; p < n; p++) {
+        const kern_part_t *q = &pt[p];
+        j.job[p] = (gemv_job_t){M, q->N, K, ldx, K, q->N, 1.0f, q->beta, x, bf16 ? (const void *)q->W16 : q->W, q->C};
+        j.first[p + 1] = j.first[p] + (size_t)((q->N + GEMV_CHUNK - 1) / GEMV_CHUNK);
+        bytes += (size_t)q->N * K * (bf16 ? sizeof(uint16_t) : sizeof(float));
+    }
+    if (bytes >= GEMV_PAR_MIN_BYTES) kpool_for(j.first[n], 1, parts_chunk, &j);
+    else parts_chunk(&j, 0, j.first[n]);
+}
+
+static void cpu_gemm_parts(int M, int K, const float *X, const kern_part_t *parts, int n_parts) {
+    gemm_parts(cpu_gemm_bf16w, false, M, K, X, parts, n_parts);
+}
+
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+// avx512-bf16 and amx: their few-rows path (vdpbf16ps) for bf16 parts
+static void cpu_gemm_parts_dp(int M, int K, const float *X, const kern_part_t *parts, int n_parts) {
+    gemm_parts(cpu_gemm_bf16w_dp, true, M, K, X, parts, n_parts);
+}
+
+static void cpu_gemm_parts_amx(int M, int K, const float *X, const kern_part_t *parts, int n_parts) {
+    gemm_parts(cpu_gemm_bf16w_amx, true, M, K, X, parts, n_parts);
 }
 #endif
 
@@ -1992,7 +2076,8 @@ static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, fl
     par_for(n, PAR_ELEMS, PAR_ELEMS / 4, adamw_chunk, &c);
 }
 
-// The variant's tables (cpu_variants.h): every op but gemm_bf16w is the same in both of avx512's.
+// The variant's tables (cpu_variants.h): every op but gemm_bf16w and gemm_parts is the same in
+// all of avx512's.
 #define CPU_OPS                              \
     .name = "cpu",                           \
     .alloc = cpu_alloc,                      \
@@ -2029,11 +2114,11 @@ static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, fl
     .adamw = cpu_adamw,
 
 #if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
-const kernels_t kernels_cpu_avx512 = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w};
-const kernels_t kernels_cpu_avx512_bf16 = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w_dp};
-const kernels_t kernels_cpu_amx = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w_amx};
+const kernels_t kernels_cpu_avx512 = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w, .gemm_parts = cpu_gemm_parts};
+const kernels_t kernels_cpu_avx512_bf16 = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w_dp, .gemm_parts = cpu_gemm_parts_dp};
+const kernels_t kernels_cpu_amx = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w_amx, .gemm_parts = cpu_gemm_parts_amx};
 #elif KERN_CPU_ISA == KERN_CPU_ISA_AVX2
-const kernels_t kernels_cpu_avx2 = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w};
+const kernels_t kernels_cpu_avx2 = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w, .gemm_parts = cpu_gemm_parts};
 #else
-const kernels_t kernels_cpu_scalar = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w};
+const kernels_t kernels_cpu_scalar = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w, .gemm_parts = cpu_gemm_parts};
 #endif

@@ -418,3 +418,74 @@ Test(cpu_isa, bad_override_refused) {
             cr_assert(strstr(err, "cannot run") && strstr(err, best), "%s", err);
         }
 }
+
+// gemm_parts: each part's C equals that of its own call (gemm with trans_b, or the variant's
+// gemm_bf16w with trans_w), bit for bit, on every variant: 1 to 9 rows (the few-rows loop and the
+// separate calls beyond it), parts of one chunk and of many, beta 0 over NaN and beta 1, one part
+// and four, 1 and 2 threads; parts of mixed precision take the separate calls.
+static void parts_case(const char *isa, const kernels_t *k, bool bf16, int M, int K, int n, const int *Ns) {
+    const kernels_t *h = kernels_cpu();
+    float *X = h->alloc(sizeof(float) * (size_t)M * K);
+    for (int i = 0; i < M * K; i++) X[i] = ci_unif(-1, 1);
+    kern_part_t parts[KERN_PARTS_MAX];
+    float *Wf[KERN_PARTS_MAX], *want[KERN_PARTS_MAX], *got[KERN_PARTS_MAX];
+    uint16_t *W16[KERN_PARTS_MAX];
+    for (int p = 0; p < n; p++) {
+        size_t nw = (size_t)Ns[p] * K, nc = (size_t)M * Ns[p];
+        Wf[p] = h->alloc(sizeof(float) * nw);
+        W16[p] = h->alloc(sizeof(uint16_t) * nw);
+        want[p] = h->alloc(sizeof(float) * nc);
+        got[p] = h->alloc(sizeof(float) * nc);
+        for (size_t i = 0; i < nw; i++) Wf[p][i] = ci_unif(-1, 1);
+        h->to_bf16(W16[p], Wf[p], nw);
+        float beta = p % 2 ? 1.0f : 0.0f;
+        parts[p] = (kern_part_t){.W = bf16 ? NULL : Wf[p], .W16 = bf16 ? W16[p] : NULL, .N = Ns[p], .beta = beta,
+                                 .C = got[p]};
+    }
+    for (int t = 1; t <= 2; t++) {
+        kpool_set_threads(t);
+        for (int p = 0; p < n; p++) {   // C's start (NaN where beta = 0), then the separate call
+            size_t nc = (size_t)M * Ns[p];
+            for (size_t i = 0; i < nc; i++) got[p][i] = parts[p].beta == 0.0f ? NAN : (float)(i % 11) - 5.0f;
+            memcpy(want[p], got[p], sizeof(float) * nc);
+            if (bf16)
+                k->gemm_bf16w(true, M, Ns[p], K, 1.0f, X, K, W16[p], K, parts[p].beta, want[p], Ns[p]);
+            else
+                k->gemm(false, true, M, Ns[p], K, 1.0f, X, K, Wf[p], K, parts[p].beta, want[p], Ns[p]);
+        }
+        k->gemm_parts(M, K, X, parts, n);
+        for (int p = 0; p < n; p++)
+            cr_assert(memcmp(got[p], want[p], sizeof(float) * (size_t)M * Ns[p]) == 0,
+                      "%s %s gemm_parts M=%d K=%d part %d of %d (N=%d), %d threads: not the bits of its own call", isa,
+                      bf16 ? "bf16" : "fp32", M, K, p, n, Ns[p], t);
+    }
+    kpool_set_threads(2);
+    for (int p = 0; p < n; p++) h->free(Wf[p]), h->free(W16[p]), h->free(want[p]), h->free(got[p]);
+    h->free(X);
+}
+
+Test(cpu_isa, gemm_parts_are_the_separate_calls) {
+    static const int Ns[][KERN_PARTS_MAX] = {{512, 256, 256, 0}, {1, 70, 300, 33}, {1536, 1536, 0, 0}, {65, 0, 0, 0}};
+    static const int ns[] = {3, 4, 2, 1};
+    for (size_t v = 0; v < N_ISAS; v++) {
+        const kernels_t *k = kernels_cpu_variant(isas[v]);
+        if (!k) continue;
+        cr_assert_not_null(k->gemm_parts, "%s has gemm_parts", isas[v]);
+        ci_state = 15;
+        for (int b = 0; b < 2; b++)
+            for (int M = 1; M <= 9; M += (M < 3 ? 1 : 3))
+                for (int c = 0; c < 4; c++) parts_case(isas[v], k, b, M, c % 2 ? 257 : 512, ns[c], Ns[c]);
+    }
+    // mixed precision: the separate calls
+    const kernels_t *k = kernels_cpu();
+    float X[2 * 8], Wf[3 * 8], C1[2 * 3], C2[2 * 3], ref1[2 * 3], ref2[2 * 3];
+    uint16_t W16[3 * 8];
+    for (int i = 0; i < 16; i++) X[i] = (float)(i % 5) - 2.0f;
+    for (int i = 0; i < 24; i++) Wf[i] = (float)(i % 7) - 3.0f;
+    k->to_bf16(W16, Wf, 24);
+    k->gemm(false, true, 2, 3, 8, 1.0f, X, 8, Wf, 8, 0.0f, ref1, 3);
+    k->gemm_bf16w(true, 2, 3, 8, 1.0f, X, 8, W16, 8, 0.0f, ref2, 3);
+    kern_part_t mixed[2] = {{.W = Wf, .N = 3, .C = C1}, {.W16 = W16, .N = 3, .C = C2}};
+    k->gemm_parts(2, 8, X, mixed, 2);
+    cr_assert(memcmp(C1, ref1, sizeof C1) == 0 && memcmp(C2, ref2, sizeof C2) == 0, "mixed precision parts");
+}
