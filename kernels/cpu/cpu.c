@@ -650,12 +650,11 @@ typedef struct {
     uint16_t *dst;
 } vnni_pack_t;
 
+// An AMX product (gemm_bf16w_amx); the vdpbf16ps path (gemm_bf16w_dpg) fills its X fields to
+// round X with amx_pack_x_chunk.
 typedef struct {
-    bool trans_w;
     const float *X;
-    int ldx;
-    const uint16_t *W;
-    int ldw, M, N, K, kp, kbn;   // kp: K padded to AMX_K, kbn = kp / AMX_K
+    int ldx, M, N, K, kp, kbn;   // kp: K padded to AMX_K, kbn = kp / AMX_K
     uint16_t *xb, *wp;           // X rounded, rows of kp; W's tiles, [N/16 groups][kbn][16][32]
     float alpha, beta;
     float *C;
@@ -775,7 +774,7 @@ static AMX_TARGET void amx_mul_chunk(void *c_, size_t lo, size_t hi) {
 // gemm_bf16w on AMX (M, N, K >= 1).
 static void gemm_bf16w_amx(bool trans_w, int M, int N, int K, float alpha, const float *X, int ldx,
                            const uint16_t *W, int ldw, float beta, float *C, int ldc) {
-    amx_job_t j = {.trans_w = trans_w, .X = X, .ldx = ldx, .W = W, .ldw = ldw, .M = M, .N = N, .K = K,
+    amx_job_t j = {.X = X, .ldx = ldx, .M = M, .N = N, .K = K,
                    .alpha = alpha, .beta = beta, .C = C, .ldc = ldc};
     j.kp = (K + AMX_K - 1) / AMX_K * AMX_K;
     j.kbn = j.kp / AMX_K;
