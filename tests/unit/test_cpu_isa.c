@@ -489,3 +489,81 @@ Test(cpu_isa, gemm_parts_are_the_separate_calls) {
     k->gemm_parts(2, 8, X, mixed, 2);
     cr_assert(memcmp(C1, ref1, sizeof C1) == 0 && memcmp(C2, ref2, sizeof C2) == 0, "mixed precision parts");
 }
+
+// The few-rows products cut W's rows into guided chunks that depend on the pool's thread count
+// and on W's size (kernels/cpu/cpu.c, gemv_cuts): every thread count gives the bits of one thread
+// (and so every row is computed once, and rows left out would stay NaN), for gemm and
+// gemm_bf16w on every variant, sizes off the 8-row cuts and the 64-row blocks, and gemm_parts
+// with as many threads gives the bits of the separate calls on one.
+Test(cpu_isa, few_rows_chunks_and_threads_do_not_change_the_bits) {
+    static const int sizes[][2] = {{1000, 300}, {77, 4100}, {2050, 96}, {9, 20000}, {4864, 64}};
+    static const int threads[] = {2, 3, 4, 8, 32};
+    const kernels_t *h = kernels_cpu();
+    ci_state = 21;
+    for (size_t v = 0; v < N_ISAS; v++) {
+        const kernels_t *k = kernels_cpu_variant(isas[v]);
+        if (!k) continue;
+        for (int b = 0; b < 2; b++)
+            for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+                for (int M = 1; M <= GEMV_M; M += 3) {
+                    int N = sizes[s][0], K = sizes[s][1];
+                    float *X = h->alloc(sizeof(float) * (size_t)M * K), *W = h->alloc(sizeof(float) * (size_t)N * K);
+                    uint16_t *W16 = h->alloc(sizeof(uint16_t) * (size_t)N * K);
+                    float *one = h->alloc(sizeof(float) * (size_t)M * N), *got = h->alloc(sizeof(float) * (size_t)M * N);
+                    for (int i = 0; i < M * K; i++) X[i] = ci_unif(-1, 1);
+                    for (size_t i = 0; i < (size_t)N * K; i++) W[i] = ci_unif(-1, 1);
+                    h->to_bf16(W16, W, (size_t)N * K);
+                    for (int ti = -1; ti < (int)(sizeof threads / sizeof *threads); ti++) {
+                        kpool_set_threads(ti < 0 ? 1 : threads[ti]);
+                        float *C = ti < 0 ? one : got;
+                        for (int i = 0; i < M * N; i++) C[i] = NAN;
+                        if (b) k->gemm_bf16w(true, M, N, K, 1.0f, X, K, W16, K, 0.0f, C, N);
+                        else k->gemm(false, true, M, N, K, 1.0f, X, K, W, K, 0.0f, C, N);
+                        if (ti < 0) {
+                            for (int i = 0; i < M * N; i++)
+                                cr_assert(!isnan(one[i]), "%s M=%d N=%d K=%d: C[%d] not computed", isas[v], M, N, K, i);
+                            continue;
+                        }
+                        cr_assert(memcmp(got, one, sizeof(float) * (size_t)M * N) == 0,
+                                  "%s %s M=%d N=%d K=%d: %d threads computed other bits than 1", isas[v],
+                                  b ? "gemm_bf16w" : "gemm", M, N, K, threads[ti]);
+                    }
+                    kpool_set_threads(2);
+                    h->free(X), h->free(W), h->free(W16), h->free(one), h->free(got);
+                }
+        static const int Ns[] = {700, 33, 1030};
+        int K = 300, M = 3;
+        float *X = h->alloc(sizeof(float) * (size_t)M * K);
+        for (int i = 0; i < M * K; i++) X[i] = ci_unif(-1, 1);
+        for (int b = 0; b < 2; b++) {
+            kern_part_t parts[3];
+            float *W[3], *want[3];
+            uint16_t *W16[3];
+            for (int p = 0; p < 3; p++) {
+                W[p] = h->alloc(sizeof(float) * (size_t)Ns[p] * K);
+                W16[p] = h->alloc(sizeof(uint16_t) * (size_t)Ns[p] * K);
+                want[p] = h->alloc(sizeof(float) * (size_t)M * Ns[p]);
+                for (int i = 0; i < Ns[p] * K; i++) W[p][i] = ci_unif(-1, 1);
+                h->to_bf16(W16[p], W[p], (size_t)Ns[p] * K);
+                kpool_set_threads(1);
+                if (b) k->gemm_bf16w(true, M, Ns[p], K, 1.0f, X, K, W16[p], K, 0.0f, want[p], Ns[p]);
+                else k->gemm(false, true, M, Ns[p], K, 1.0f, X, K, W[p], K, 0.0f, want[p], Ns[p]);
+                parts[p] = (kern_part_t){.W = b ? NULL : W[p], .W16 = b ? W16[p] : NULL, .N = Ns[p],
+                                         .C = h->alloc(sizeof(float) * (size_t)M * Ns[p])};
+            }
+            for (size_t ti = 0; ti < sizeof threads / sizeof *threads; ti++) {
+                kpool_set_threads(threads[ti]);
+                for (int p = 0; p < 3; p++)
+                    for (int i = 0; i < M * Ns[p]; i++) parts[p].C[i] = NAN;
+                k->gemm_parts(M, K, X, parts, 3);
+                for (int p = 0; p < 3; p++)
+                    cr_assert(memcmp(parts[p].C, want[p], sizeof(float) * (size_t)M * Ns[p]) == 0,
+                              "%s %s gemm_parts part %d, %d threads: not the bits of its own call on one thread",
+                              isas[v], b ? "bf16" : "fp32", p, threads[ti]);
+            }
+            kpool_set_threads(2);
+            for (int p = 0; p < 3; p++) h->free(W[p]), h->free(W16[p]), h->free(want[p]), h->free(parts[p].C);
+        }
+        h->free(X);
+    }
+}
