@@ -270,7 +270,7 @@ install: $(CLI_BIN) $(SVC_BINS)
 	cp -r models $(DESTDIR)$(PREFIX)/share/marlaas/models
 
 -include $(LIB_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(SVC_OBJ:.o=.d) $(BUILD)/obj/bench/bench_engine.d \
-            $(BUILD)/obj/bench/bench_tenancy.d $(BUILD)/obj/bench/bench_tokenizer.d
+            $(BUILD)/obj/bench/bench_tenancy.d $(BUILD)/obj/bench/bench_tokenizer.d $(BUILD)/obj/bench/sim_calibrate.d
 
 # --- examples and test tools ---------------------------------------------------------------
 # One binary per .c file, linked like the services against the library:
