@@ -462,7 +462,8 @@ static int gemv_min_rows(int K, size_t wsize) {
     }
 
 #define GEMV_DRIVER(name, wsize)                                                                          \
-    int cut_[GEMV_MAX_CUTS + 1] = {0, N};                                                                  \
+    int cut_[GEMV_MAX_CUTS + 1];                                                                           \
+    cut_[0] = 0, cut_[1] = N;                                                                              \
     gemv_job_t job = {M, N, K, ldx, ldw, ldc, alpha, beta, X, W, C, cut_};                                 \
     if ((size_t)N * K * (wsize) >= GEMV_PAR_MIN_BYTES)                                                     \
         kpool_for((size_t)gemv_cuts(N, gemv_min_rows(K, wsize), cut_), 1, name##_chunk, &job);             \
@@ -1249,7 +1250,8 @@ static void gemm_parts(bf16w_fn_t bf16w, bool dp, int M, int K, const float *X, 
     int total = 0;
     for (int p = 0; p < n; p++) total += pt[p].N;
     bool par = (size_t)total * K * wsize >= GEMV_PAR_MIN_BYTES;
-    int all[GEMV_MAX_CUTS + 1] = {0, total}, mine[GEMV_MAX_CUTS + 2 * KERN_PARTS_MAX + 1];
+    int all[GEMV_MAX_CUTS + 1], mine[GEMV_MAX_CUTS + 2 * KERN_PARTS_MAX + 1];
+    all[0] = 0, all[1] = total;
     int n_all = par ? gemv_cuts(total, gemv_min_rows(K, wsize), all) : 1, used = 0, row0 = 0, a = 1;
     for (int p = 0; p < n; p++) {
         const kern_part_t *q = &pt[p];
