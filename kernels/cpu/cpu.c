@@ -280,8 +280,8 @@ static inline __m256 vf_load_bf16_tail(const uint16_t *p, int n) {
 // 512x512 and 1536x512 out of cache: fp32 11 -> 13 GB/s, bf16 (vdpbf16ps) 7-8 -> 12 GB/s. The
 // distance is whole tiles of rows, at least GEMV_PREFETCH_BYTES: one tile (a row of 1-2 KiB on
 // the small shapes) is read in about the memory's latency, too late; measured on Zen 4, 2
-// threads, decode batch 1, one tile -> 8 KiB, interleaved in one process: 25M fp32 +7-10 %, bf16
-// +3-6 %, 100M bf16 +2-5 %, 100M fp32 (rows of 3 KiB) +0-2 %; 12-16 KiB no better. The address
+// threads, decode batch 1, one tile -> 8 KiB, interleaved in one process: 25M fp32 +10 %, bf16
+// +3-7 %, 100M bf16 +2-5 %, 100M fp32 (rows of 3 KiB) -1 / +2 %; 12-16 KiB no better. The address
 // is computed as an integer (it may lie past W: a prefetch never faults).
 #define GEMV_PREFETCH(p, pf) _mm_prefetch((const char *)((uintptr_t)(p) + (uintptr_t)(pf)), _MM_HINT_T0)
 #define GEMV_PREFETCH_BYTES 8192
