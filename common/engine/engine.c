@@ -184,13 +184,18 @@ static void base_bwd(const kernels_t *k, const float *W, const uint16_t *W16, in
     else k->gemm(false, false, N, cols, rows, 1.0f, dY, rows, W + off, cols, beta, dX, cols);
 }
 
+// Y (N, out) += b (layer l's, or NULL) + LoRA(target t) of X: what follows a base product.
+static void bias_lora(engine_t *e, int l, lora_target_t t, const float *X, int in, float *Y, int out, const float *b,
+                      float *T, float *scratch, int N) {
+    if (b) e->k->add_bias(Y, b + (size_t)l * out, N, out);
+    lora_forward(e->k, &e->plan, e->pool, l, t, X, in, Y, out, T, scratch);
+}
+
 // Y (N, out) = [beta*Y +] X W^T (+ b) + LoRA(target t); W or W16 as in base_fwd.
 static void linear(engine_t *e, int l, lora_target_t t, const float *X, int in, float *Y, int out, const float *W,
                    const uint16_t *W16, const float *b, float beta, float *T, float *scratch, int N) {
-    const kernels_t *k = e->k;
-    base_fwd(k, W, W16, l, out, in, X, beta, Y, N);
-    if (b) k->add_bias(Y, b + (size_t)l * out, N, out);
-    lora_forward(k, &e->plan, e->pool, l, t, X, in, Y, out, T, scratch);
+    base_fwd(e->k, W, W16, l, out, in, X, beta, Y, N);
+    bias_lora(e, l, t, X, in, Y, out, b, T, scratch, N);
 }
 
 // One of the products linear_many makes: target t's layer-l matrix (W or W16 as in base_fwd, out
@@ -221,10 +226,7 @@ static void linear_many(engine_t *e, int l, const lin_t *p, int n, const float *
     } else {
         for (int i = 0; i < n; i++) base_fwd(k, p[i].W, p[i].W16, l, p[i].out, in, X, 0.0f, p[i].Y, N);
     }
-    for (int i = 0; i < n; i++) {
-        if (p[i].b) k->add_bias(p[i].Y, p[i].b + (size_t)l * p[i].out, N, p[i].out);
-        lora_forward(k, &e->plan, e->pool, l, p[i].t, X, in, p[i].Y, p[i].out, T[p[i].t], scratch);
-    }
+    for (int i = 0; i < n; i++) bias_lora(e, l, p[i].t, X, in, p[i].Y, p[i].out, p[i].b, T[p[i].t], scratch, N);
 }
 
 typedef struct {

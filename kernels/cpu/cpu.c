@@ -440,10 +440,14 @@ static int gemv_cuts(int total, int min_rows, int *cut) {
     return n;
 }
 
-// The smallest chunk: GEMV_MIN_CHUNK_BYTES of W, at least 8 rows, a multiple of 8.
-static int gemv_min_rows(int K, size_t wsize) {
+// cut[0..n] for W of `total` rows of K elements of wsize bytes, n returned: guided chunks of at
+// least GEMV_MIN_CHUNK_BYTES (8 rows, a multiple of 8) when W pays for the pool
+// (GEMV_PAR_MIN_BYTES), else one chunk.
+static int gemv_plan(int total, int K, size_t wsize, int *cut) {
+    cut[0] = 0, cut[1] = total;
+    if ((size_t)total * K * wsize < GEMV_PAR_MIN_BYTES) return 1;
     size_t r = GEMV_MIN_CHUNK_BYTES / ((size_t)K * wsize);
-    return r <= 8 ? 8 : (int)((r + 7) / 8 * 8);
+    return gemv_cuts(total, r <= 8 ? 8 : (int)((r + 7) / 8 * 8), cut);
 }
 
 #define GEMV_DRIVER_FN(name, ROWS, ATTR)                                                                   \
@@ -463,12 +467,10 @@ static int gemv_min_rows(int K, size_t wsize) {
 
 #define GEMV_DRIVER(name, wsize)                                                                          \
     int cut_[GEMV_MAX_CUTS + 1];                                                                           \
-    cut_[0] = 0, cut_[1] = N;                                                                              \
     gemv_job_t job = {M, N, K, ldx, ldw, ldc, alpha, beta, X, W, C, cut_};                                 \
-    if ((size_t)N * K * (wsize) >= GEMV_PAR_MIN_BYTES)                                                     \
-        kpool_for((size_t)gemv_cuts(N, gemv_min_rows(K, wsize), cut_), 1, name##_chunk, &job);             \
-    else                                                                                                   \
-        name##_chunk(&job, 0, 1);
+    int n_ = gemv_plan(N, K, wsize, cut_);                                                                 \
+    if (n_ > 1) kpool_for((size_t)n_, 1, name##_chunk, &job);                                              \
+    else name##_chunk(&job, 0, 1);
 
 GEMV_DRIVER_FN(gemv_f32, gemv_rows_f32, )
 GEMV_DRIVER_FN(gemv_bf16, gemv_rows_bf16, )
@@ -1246,13 +1248,10 @@ static void gemm_parts(bf16w_fn_t bf16w, bool dp, int M, int K, const float *X, 
     (void)dp;
 #endif
     // the guided chunks of all parts' rows one after the other, cut again at the parts' ends
-    size_t wsize = bf16 ? sizeof(uint16_t) : sizeof(float);
     int total = 0;
     for (int p = 0; p < n; p++) total += pt[p].N;
-    bool par = (size_t)total * K * wsize >= GEMV_PAR_MIN_BYTES;
     int all[GEMV_MAX_CUTS + 1], mine[GEMV_MAX_CUTS + 2 * KERN_PARTS_MAX + 1];
-    all[0] = 0, all[1] = total;
-    int n_all = par ? gemv_cuts(total, gemv_min_rows(K, wsize), all) : 1, used = 0, row0 = 0, a = 1;
+    int n_all = gemv_plan(total, K, bf16 ? sizeof(uint16_t) : sizeof(float), all), used = 0, row0 = 0, a = 1;
     for (int p = 0; p < n; p++) {
         const kern_part_t *q = &pt[p];
         int *cut = mine + used, nc = 0;
@@ -1265,7 +1264,7 @@ static void gemm_parts(bf16w_fn_t bf16w, bool dp, int M, int K, const float *X, 
         j.job[p] = (gemv_job_t){M, q->N, K, ldx, K, q->N, 1.0f, q->beta, x, bf16 ? (const void *)q->W16 : q->W, q->C, cut};
         j.first[p + 1] = j.first[p] + (size_t)nc;
     }
-    if (par) kpool_for(j.first[n], 1, parts_chunk, &j);
+    if (n_all > 1) kpool_for(j.first[n], 1, parts_chunk, &j);
     else parts_chunk(&j, 0, j.first[n]);
 }
 
