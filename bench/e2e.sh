@@ -42,28 +42,12 @@ ROLL_PID=$(svc_pid rollout)
 TRAIN_PID=$(svc_pid trainer)
 HZ=$(getconf CLK_TCK)
 
-# t, busy_s, up_s of the newest heartbeat of a service; the counter field last
-beat() {
-    local key
-    key=$(redis-cli -p "$REDIS_PORT" --scan --pattern "*svc:$1:*" | head -n 1)
-    [ -n "$key" ] || { echo ",,"; return; }
-    redis-cli -p "$REDIS_PORT" --no-raw hmget "$key" busy_s up_s "$2" | tr -d '"' | awk '{printf "%s%s", (NR > 1 ? "," : ""), ($NF == "(nil)" ? "" : $NF)} END {print ""}'
-}
 cpu() { awk -v hz="$HZ" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$1/stat" 2>/dev/null || echo ""; }
 
 T0=$EPOCHREALTIME
-sampler() {
-    echo "t,roll_busy_s,roll_up_s,tokens,roll_cpu_s,train_busy_s,train_up_s,steps,train_cpu_s" > "$D/timeline.csv"
-    while :; do
-        local t r tr
-        t=$(awk -v a="$T0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.2f", b - a}')
-        r=$(beat rollout tokens)
-        tr=$(beat trainer steps)
-        echo "$t,$r,$(cpu "$ROLL_PID"),$tr,$(cpu "$TRAIN_PID")" >> "$D/timeline.csv"
-        sleep 1
-    done
-}
-sampler &
+# the timeline: one process with one Redis connection (bench/sample.py), so that sampling takes
+# next to nothing from the run it measures
+python3 bench/sample.py "$D/timeline.csv" "$REDIS_PORT" "$ROLL_PID" "$TRAIN_PID" "$T0" &
 SAMPLER=$!
 trap 'kill $SAMPLER 2>/dev/null || true; cluster_down' EXIT
 
@@ -80,7 +64,8 @@ done
 ok=1
 for t in $(seq 1 "$TENANTS"); do
     [ "$t" -le "$N" ] || break
-    wait_jobs "${TOKS[$((t - 1))]}" 7200 > "$D/wait.log" || ok=0
+    # the end is read from the scheduler's log below, so the job list is polled only every 2 s
+    WAIT_POLL=2 wait_jobs "${TOKS[$((t - 1))]}" 7200 > "$D/wait.log" || ok=0
 done
 WALL=$(awk -v a="$T0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.2f", b - a}')
 sleep 1.2   # one more heartbeat with the final counters

@@ -20,11 +20,12 @@
 #include "cli/client.h"
 #include "common/net/bus.h"
 #include "common/net/store.h"
+#include "common/rl/batch.h"   // RL_MAX_LANES
 #include <czmq.h>
 
 typedef struct {
     const char *run, *model, *policy;
-    long port_base, redis_port, steps, threads, rollouts, verifiers;
+    long port_base, redis_port, steps, threads, lanes, rollouts, verifiers;
     bool insecure;
     const char *backend;   // --backend for every service (NULL: the environment's MARLAAS_BACKEND, else cpu)
 } cluster_opts_t;
@@ -256,12 +257,21 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     // pool's hand-offs cost, and a pool thread the OS preempts in the middle of a chunk holds up
     // its loop for a time slice.
     snprintf(threads_env, sizeof threads_env, "MARLAAS_THREADS=%d", o->threads > 0 ? (int)o->threads : util_threads());
+    // The trainer's lanes (--lanes; 0: every core when each service computes on one thread and the
+    // backend is the CPU's): with many jobs it computes that many passes at once, one thread each,
+    // so the cores the rollout leaves idle train other jobs; with one job (the one-by-one policy)
+    // only one lane has work.
+    const char *be = o->backend ? o->backend : getenv("MARLAAS_BACKEND");
+    long lanes = o->lanes > 0 ? o->lanes : (o->threads == 1 && (!be || !*be || !strcmp(be, "cpu")) ? util_threads() : 1);
+    if (lanes > RL_MAX_LANES) lanes = RL_MAX_LANES;
+    char lanes_env[64];
+    snprintf(lanes_env, sizeof lanes_env, "MARLAAS_LANES=%ld", lanes);
     char http_env[64], console_env[64] = "MARLAAS_CONSOLE=off";
     // --backend: every service's (a simulated cluster needs it in all four: sim:DEVICE)
     char backend_env[160];
     snprintf(backend_env, sizeof backend_env, "MARLAAS_BACKEND=%s", o->backend ? o->backend : "");
-    char *extra[18] = {env[0], env[1], env[2], env[3], env[4], vlist, env[6], env[7], env[8], env[9],
-                       model_env, policy_env, threads_env, http_env, sec_env, console_env,
+    char *extra[19] = {env[0], env[1], env[2], env[3], env[4], vlist, env[6], env[7], env[8], env[9],
+                       model_env, policy_env, threads_env, http_env, sec_env, console_env, lanes_env,
                        o->backend ? backend_env : NULL, NULL};
     // the web console: the scheduler's, on loopback, port base + 40 (written to RUN/console)
     char consolef[4200];
@@ -339,7 +349,7 @@ static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
                                  {"redis-port", required_argument, 0, 'R'}, {"steps", required_argument, 0, 's'},
                                  {"threads", required_argument, 0, 't'}, {"insecure", no_argument, 0, 'I'},
                                  {"rollouts", required_argument, 0, 'n'}, {"backend", required_argument, 0, 'B'},
-                                 {"verifiers", required_argument, 0, 'V'},
+                                 {"verifiers", required_argument, 0, 'V'}, {"lanes", required_argument, 0, 'L'},
                                  {"help", no_argument, 0, 'h'}, {0}};
     int c;
     optind = 1;
@@ -362,6 +372,8 @@ static int parse(int argc, char **argv, cluster_opts_t *o, const char *usage) {
             if (cli_int("--steps", optarg, 1, 100000, &o->steps)) return -1;
         } else if (c == 't') {
             if (cli_int("--threads", optarg, 0, 256, &o->threads)) return -1;
+        } else if (c == 'L') {
+            if (cli_int("--lanes", optarg, 0, RL_MAX_LANES, &o->lanes)) return -1;
         } else {
             printf("usage: %s\n", usage);
             return c == 'h' ? 1 : -1;
@@ -380,6 +392,8 @@ int cmd_up(int argc, char **argv) {
                    "           [--insecure]   (plain links between the services: no CURVE keys)\n"
                    "           [--threads 1]  (compute threads of each service; 0: every core it may run on, shared\n"
                    "                          with the others: suits one busy service per node, not small models)\n"
+                   "           [--lanes 0]    (training passes the trainer computes at once, one thread each, on\n"
+                   "                          different jobs; 0: every core with --threads 1 on the cpu backend, else 1)\n"
                    "           [--rollouts 1] [--verifiers 1] (replicas)\n"
                    "           [--backend cpu|sim:DEVICE] (every service's; sim:h100 with a models/sim/ folder:\n"
                    "                          a simulated cluster, docs/SIMULATOR.md)");

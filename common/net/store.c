@@ -138,6 +138,14 @@ store_t *store_new_auth(const char *host, int port, const char *prefix, const ch
     return s;
 }
 
+store_t *store_new_like(const store_t *s, char *err) {
+    store_t *d = store_new_auth(s->host, s->port, s->prefix, s->user, s->password, err);
+    if (!d) return NULL;
+    d->retry_ms = s->retry_ms;
+    d->abort = s->abort;
+    return d;
+}
+
 void store_destroy(store_t **sp) {
     if (!sp || !*sp) return;
     store_t *s = *sp;

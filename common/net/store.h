@@ -95,6 +95,10 @@ store_t *store_new_auth(const char *host, int port, const char *prefix, const ch
 // AUTH on a connection of the caller's (NULL password: nothing to do). 0, or -1 + why.
 int store_redis_auth(redisContext *c, const char *user, const char *password, char *why);
 
+// A connection of its own with s's address, key prefix, credentials, retry budget and abort test
+// (hiredis connections are not shared between threads: one per thread). NULL + err as store_new.
+store_t *store_new_like(const store_t *s, char *err);
+
 // Closes the connection and frees the store; sets *s to NULL. Accepts NULL and *s == NULL.
 void store_destroy(store_t **s);
 

@@ -117,4 +117,7 @@ typedef struct {
 int rl_train_step(dp_t *dp, engine_t *e, const rl_batch_t *b, int j0, int j1, const loss_cfg_t *lc,
                   rl_step_job_t *jobs, char *err);
 
+// The most passes a trainer computes at once (its lanes: services/trainer/jobs.h, marlaas up --lanes).
+#define RL_MAX_LANES 64
+
 #endif

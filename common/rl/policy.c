@@ -71,8 +71,9 @@ bool policy_stale(uint32_t current, uint32_t sampled, int staleness) {
 static double weight_of(double w) { return w > 0 ? w : 1.0; }
 
 int policy_train_pick(const policy_tjob_t *jobs, int n, const policy_ttenant_t *tenants, int n_tenants,
-                      double budget, int max, int *picked) {
+                      double budget, int passes, int max, int *picked) {
     if (n < 1 || n_tenants < 1 || max < 1) return 0;
+    if (passes < 1) passes = 1;
     // per tenant: tentative time, ready jobs not yet taken, whether it has an active job
     double *tv = xmalloc(sizeof(double) * (size_t)n_tenants);
     int *left = xcalloc((size_t)n_tenants, sizeof(int));
@@ -86,8 +87,8 @@ int policy_train_pick(const policy_tjob_t *jobs, int n, const policy_ttenant_t *
         // pass back (the pass is work-conserving: it cannot use the capacity now)
         active[jobs[i].tenant] |= jobs[i].ready;
     }
-    int np = 0;
-    double rows = 0;
+    int np = 0, pass = 1;
+    double rows = 0;   // of the pass being filled
     while (np < max) {
         int best = -1;
         double emin = 0;
@@ -106,7 +107,10 @@ int policy_train_pick(const policy_tjob_t *jobs, int n, const policy_ttenant_t *
                 (k < 0 || jobs[i].vtime < jobs[k].vtime))
                 k = i;
         ASSERT(k >= 0);
-        if (np > 0 && rows + jobs[k].rows > budget) break;
+        if (rows > 0 && rows + jobs[k].rows > budget) {
+            if (pass == passes) break;
+            pass++, rows = 0;   // the next pass; a job over the budget fills one alone
+        }
         taken[k] = true;
         picked[np++] = k;
         rows += jobs[k].rows;

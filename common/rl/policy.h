@@ -120,8 +120,10 @@ bool policy_stale(uint32_t current, uint32_t sampled, int staleness);
 // A pass takes jobs one at a time: of the tenants with a ready job not yet taken, the one with
 // the smallest virtual time counting the jobs it already has in this pass (its tentative time),
 // and of that tenant's ready jobs the one with the smallest virtual time; ties to the earlier in
-// the arrays. The pass stops (holding at least one job either way) when
-//   - the next job would take it over `budget` rows or `max` jobs;
+// the arrays. A choice may fill several passes (a trainer with lanes computes them at once): the
+// jobs fill the first pass up to `budget` rows, then the next (a job of more rows fills one
+// alone). The choice stops (holding at least one job either way) when
+//   - the next job would take the last pass over `budget` rows, or the choice over `max` jobs;
 //   - the tenant next in line has reached the tentative time of a tenant in play (one with a
 //     ready job at the start of the pass) whose ready jobs are all in the pass: that tenant
 //     cannot take more now, so more of the other's jobs would go beyond its weighted share. One
@@ -158,10 +160,10 @@ typedef struct {
     double vtime;            // rows its jobs trained / weight
 } policy_ttenant_t;
 
-// Fills picked[] with the indices of the jobs of the next pass, in the order taken; returns how
-// many (0 when no job is ready or max < 1). Tenants are the indices the jobs name.
+// Fills picked[] with the indices of the jobs of the next `passes` passes (1 or more), in the order
+// taken; returns how many (0 when no job is ready or max < 1). Tenants are the indices the jobs name.
 int policy_train_pick(const policy_tjob_t *jobs, int n, const policy_ttenant_t *tenants, int n_tenants,
-                      double budget, int max, int *picked);
+                      double budget, int passes, int max, int *picked);
 // Charges the jobs of a pass (picked[n_picked], as policy_train_pick gave them) and their
 // tenants, then lifts those that could not have used more (see above).
 void policy_train_charge(policy_tjob_t *jobs, int n, policy_ttenant_t *tenants, int n_tenants, const int *picked,

@@ -7,6 +7,7 @@
 #include "common/engine/optim.h"
 #include "common/net/proto.h"
 #include "common/net/store.h"
+#include "common/rl/batch.h"   // RL_MAX_LANES
 #include "common/rl/dp.h"
 #include "common/rl/jobspec.h"
 
@@ -35,6 +36,12 @@ typedef struct {
                            // prefix_of); false: every sample is a full sequence of its own
     dp_t *dp;              // data-parallel group whose rank 0 this is (borrowed; NULL = none): loads,
                            // evictions and passes go to every rank (common/rl/dp.h)
+    int lanes;             // passes computed at once (0 counts as 1): a step takes up to two passes'
+                           // worth of ready jobs per lane and computes its passes on `lanes` threads (the
+                           // caller and lanes - 1 of tjobs' own), each with an engine of its own over the
+                           // same model and adapters. Jobs are independent, so two passes need no
+                           // synchronisation and a pass computes what it computes alone. 1..RL_MAX_LANES;
+                           // above 1 only on the CPU backend and without data parallelism
 } tjobs_cfg_t;
 
 // tjobs_add's answer to a batch whose data no correct rollout and verifier produce.
@@ -53,11 +60,12 @@ void tjobs_destroy(tjobs_t **t);
 // job); -1 + err for any other refusal (unknown job, a version never published, no free slot).
 // On a refusal m is the caller's to free.
 int tjobs_add(tjobs_t *t, proto_batch_t *m, char *err);
-// Fails the jobs tjobs_add condemned, then trains one pass of ready jobs (a full batch
-// buffered): chosen fair per tenant, then per job (policy_train_pick: tenant weight from
-// tenant:{id} `weight`, job weight from its spec), at most pass_rows rows (at least one job)
-// and max jobs, and publishes their new versions. A pass the engine refuses is run again job by
-// job, so only a job whose own pass is refused fails. Fills up to max results; returns how many.
+// Fails the jobs tjobs_add condemned, then trains ready jobs (a full batch buffered) chosen fair
+// per tenant, then per job (policy_train_pick: tenant weight from tenant:{id} `weight`, job
+// weight from its spec): one pass of at most pass_rows rows (at least one job), or with lanes up
+// to two such passes per lane, at most max jobs in all; and publishes their new versions. A pass the engine refuses is run again
+// job by job, so only a job whose own pass is refused fails. Fills up to max results; returns how
+// many.
 int tjobs_step(tjobs_t *t, tjobs_result_t *res, int max);
 // Jobs currently held.
 int tjobs_count(const tjobs_t *t);

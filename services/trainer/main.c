@@ -12,6 +12,8 @@ static const char *HELP =
     "extras: --set max_jobs=64 --set keep_versions=4 --set optim_every=1\n"
     "        --set shared_prefix=1 (a group's prompt is computed once for its samples; 0 = per sample)\n"
     "        --set pass_rows=2048 (rows of one mixed-adapter training pass; whole jobs, at least one)\n"
+    "        --set lanes=1 (passes computed at once, each on a thread of its own, on different jobs; cpu\n"
+    "        backend; give it the cores the other services leave idle, with MARLAAS_THREADS=1)\n"
     "Data parallelism (one process per GPU): --set dp_world=N --set dp_rank=R --set dp_endpoint=tcp://HOST:PORT\n"
     "        (rank 0's address; rank 0 is the trainer service, ranks 1..N-1 only compute)\n"
     "        --set dp_timeout=120 (seconds: a dead or hung rank stops the group after this long)\n"

@@ -175,6 +175,14 @@ trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, co
     int max_jobs = atoi(svc_extra(s, "max_jobs", "64"));
     if (max_jobs <= 0) max_jobs = 64;
     int pass_rows = atoi(svc_extra(s, "pass_rows", "2048"));
+    const char *ls = svc_extra(s, "lanes", "1");
+    char *lend;
+    long lanes = strtol(ls, &lend, 10);
+    if (!*ls || *lend || lanes < 1 || lanes > RL_MAX_LANES) {
+        err_set(err, "--set lanes=%.40s: an integer in 1..%d (training passes computed at once)", ls, RL_MAX_LANES);
+        trainer_close(&t);
+        return NULL;
+    }
     if (t->sim && sim_trainer_fit(t->sim, pass_rows, &max_jobs, err)) {
         trainer_close(&t);
         return NULL;
@@ -189,7 +197,7 @@ trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, co
         if (!t->dp)
             err_set(err, "data parallelism: rank 0 could not form the group of %d at %s: %s", dc->world, dc->endpoint, e2);
     }
-    tjobs_cfg_t cfg = {.dp = t->dp, .max_jobs = lora_pool_slots(t->pool),
+    tjobs_cfg_t cfg = {.dp = t->dp, .max_jobs = lora_pool_slots(t->pool), .lanes = lanes,
                        .keep_versions = atoi(svc_extra(s, "keep_versions", "4")),
                        .optim_every = atoi(svc_extra(s, "optim_every", "1")),
                        .shared_prefix = svc_extra(s, "shared_prefix", "1")[0] == '1',
@@ -215,7 +223,8 @@ trainer_t *trainer_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, co
         return NULL;
     }
     log_info("ready: %zu-parameter base model, up to %d jobs, shared prompt prefixes %s, data-parallel ranks %d, "
-             "id %s", t->m->n_params, cfg.max_jobs, cfg.shared_prefix ? "on" : "off", dc->world, s->id);
+             "passes at once (lanes) %d, id %s", t->m->n_params, cfg.max_jobs, cfg.shared_prefix ? "on" : "off",
+             dc->world, cfg.lanes, s->id);
     return t;
 }
 

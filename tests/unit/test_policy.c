@@ -538,7 +538,7 @@ static void tsim_init(tsim_t *s, int n, const int *tenant, const double *w, cons
 // One call: picks, checks the pass against the budget and max, charges; returns the jobs taken
 // (their indices in got, in the order taken) and counts their steps.
 static int tsim_call(tsim_t *s, double budget, int max, int *got) {
-    int np = policy_train_pick(s->j, s->n, s->t, s->nt, budget, max, got);
+    int np = policy_train_pick(s->j, s->n, s->t, s->nt, budget, 1, max, got);
     double rows = 0;
     bool seen[16] = {false};
     for (int p = 0; p < np; p++) {
@@ -583,6 +583,33 @@ Test(policy, train_passes_tenants_first) {
         for (int i = 0; i < 9; i++)
             if (tenant[i] == a) cr_assert(labs(s.steps[i] - sa / 8) <= 1, "A's job %d: %ld steps of %ld", i, s.steps[i], sa);
     }
+}
+
+// A choice of several passes (a trainer with lanes): jobs of 100 rows with a budget of 250 fill
+// two per pass, so 2 passes take 4 jobs and 3 take 6; a job of 300 rows fills a pass alone; and
+// tenant B's one job beside eight of A still gets half the steps however many passes a choice may
+// fill (the fair order stops where one pass stopped).
+Test(policy, train_passes_several_per_choice) {
+    int tenant[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0}, got[16];
+    tsim_t s;
+    tsim_init(&s, 8, tenant, NULL, NULL, 1);
+    for (int passes = 1; passes <= 4; passes++) {
+        int np = policy_train_pick(s.j, s.n, s.t, s.nt, 250, passes, 64, got);
+        cr_assert_eq(np, passes * 2 < 8 ? passes * 2 : 8, "%d passes: %d jobs", passes, np);
+    }
+    s.j[0].rows = 300, s.j[1].rows = 300;
+    cr_assert_eq(policy_train_pick(s.j, s.n, s.t, s.nt, 250, 3, 64, got), 4, "two jobs over the budget, one pass each");
+    cr_assert_eq(policy_train_pick(s.j, s.n, s.t, s.nt, 250, 1, 64, got), 1, "one pass: the first job alone");
+    for (int i = 0; i < 9; i++) tenant[i] = i == 8 ? 1 : 0;
+    tsim_init(&s, 9, tenant, NULL, NULL, 2);
+    long sb = 0, all = 0;
+    for (int c = 0; c < 400; c++) {
+        int np = policy_train_pick(s.j, s.n, s.t, s.nt, 1e9, 4, 64, got);
+        cr_assert_eq(np, 2, "call %d: %d jobs", c, np);
+        for (int p = 0; p < np; p++) sb += s.j[got[p]].tenant == 1, all++;
+        policy_train_charge(s.j, s.n, s.t, s.nt, got, np);
+    }
+    cr_assert_eq(2 * sb, all, "B's one job: %ld of %ld steps", sb, all);
 }
 
 // Tenant weights: A at 2 beside B at 1 takes two steps per B's one; B at 2 with its one job steps
@@ -640,9 +667,9 @@ Test(policy, train_passes_one_tenant_steps_every_ready_job) {
     cr_assert_eq(tsim_call(&s, 250, 64, got), 1);
     cr_assert_eq(got[0], 0);
     cr_assert_eq(tsim_call(&s, 1e9, 3, got), 3);
-    cr_assert_eq(policy_train_pick(s.j, 6, s.t, 1, 1e9, 0, got), 0);
+    cr_assert_eq(policy_train_pick(s.j, 6, s.t, 1, 1e9, 1, 0, got), 0);
     for (int i = 0; i < 6; i++) s.j[i].ready = false;
-    cr_assert_eq(policy_train_pick(s.j, 6, s.t, 1, 1e9, 64, got), 0);
+    cr_assert_eq(policy_train_pick(s.j, 6, s.t, 1, 1e9, 1, 64, got), 0);
 }
 
 // Job weights within a tenant: A's jobs at 1, 2 and 3 beside B's one job (so A steps one job a

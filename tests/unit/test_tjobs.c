@@ -173,7 +173,7 @@ static void fp_published(tfp_t *f, rig_t *r, const char *id, uint32_t version) {
 // Three steps of three jobs: "fa" and "fb" share passes, "fc" (KL, its own temperature and
 // clipping) has its own; fb's episodes are multi-turn and it tolerates staleness 2; a group of fa sampled 2
 // versions ago is dropped.
-static uint64_t scenario(bool shared_prefix, const char *prefix) {
+static uint64_t scenario(bool shared_prefix, const char *prefix, int lanes) {
     rig_t r;
     rig_open(&r, 4, prefix);
     job_put(&r, "fa", "{\"task\":\"add1\",\"prompts\":2,\"group\":3,\"lr\":0.01,\"rank\":2}", 2, 21);
@@ -183,7 +183,7 @@ static uint64_t scenario(bool shared_prefix, const char *prefix) {
                       "\"temperature\":0.8,\"clip_low\":0.1,\"clip_high\":0.15}", 2, 23);
     char err[ERR_LEN];
     tjobs_cfg_t cfg = {.max_jobs = 4, .keep_versions = 3, .optim_every = 1, .pass_rows = 4096,
-                       .shared_prefix = shared_prefix};
+                       .shared_prefix = shared_prefix, .lanes = lanes};
     tjobs_t *t = tjobs_new(r.e, r.st, &cfg, err);
     cr_assert_not_null(t, "%s", err);
     rng_t rng;
@@ -231,9 +231,87 @@ Test(tjobs, step_fingerprint) {
         {"gcc12/avx512f/SkylakeX", 0x69f9c18e04cf2910ull},
         {"gcc12/avx512f/SkylakeX/san", 0x50df2841ee2aa59dull},
     };
-    uint64_t a = scenario(true, "fp1:"), b = scenario(false, "fp2:");
+    uint64_t a = scenario(true, "fp1:", 1), b = scenario(false, "fp2:", 1);
     tfp_expect("trainer step, shared prompts", a, shared);
     tfp_expect("trainer step, every sample whole", b, unshared);
+}
+
+// Lanes: the scenario's two passes of a step (fa with fb, fc alone) computed at once on two and
+// on three lanes publish what one lane publishes, bit for bit.
+Test(tjobs, lanes_compute_the_passes_one_lane_computes) {
+    tfp_pin_threads();
+    uint64_t one = scenario(true, "ln1:", 1);
+    cr_assert_eq(scenario(true, "ln2:", 2), one, "two lanes");
+    cr_assert_eq(scenario(true, "ln3:", 3), one, "three lanes");
+    cr_assert_eq(scenario(false, "ln4:", 2), scenario(false, "ln5:", 1), "two lanes, every sample whole");
+}
+
+// Six jobs of one pass each (pass_rows 1), two steps' data each: a step trains one job, or with
+// lanes two per lane (the first step: that many), and every job's published adapters, optimiser
+// state and step metrics are those one lane computes, bit for bit. Returns their fingerprint.
+static uint64_t six_jobs(int lanes, const char *prefix) {
+    enum { J = 6 };
+    rig_t r;
+    rig_open(&r, 8, prefix);
+    char err[ERR_LEN], id[16];
+    for (int i = 0; i < J; i++) {
+        snprintf(id, sizeof id, "s%d", i);
+        job_put(&r, id, "{\"task\":\"add1\",\"prompts\":2,\"group\":3,\"lr\":0.02,\"rank\":2}", 2, 300 + (uint64_t)i);
+    }
+    tjobs_cfg_t cfg = {.max_jobs = 8, .keep_versions = 3, .optim_every = 1, .pass_rows = 1, .shared_prefix = true,
+                       .lanes = lanes};
+    tjobs_t *t = tjobs_new(r.e, r.st, &cfg, err);
+    cr_assert_not_null(t, "%s", err);
+    cr_assert_eq(t->n_lanes, lanes - 1);
+    rng_t rng;
+    rng_seed(&rng, 77);
+    uint64_t task = 1;
+    for (int i = 0; i < J; i++) {
+        snprintf(id, sizeof id, "s%d", i);
+        add(&r, t, &rng, id, task++, 0, 4, 3, false);   // two steps of 2 prompts, drawn with version 0
+    }
+    int trained = 0, first = -1, per_step = lanes > 1 ? 2 * lanes : 1;
+    for (int k = 0; k < 4 * J && trained < 2 * J; k++) {
+        tjobs_result_t res[8];
+        int n = tjobs_step(t, res, 8);
+        if (first < 0) first = n;
+        cr_assert_leq(n, per_step, "a step of %d lanes trained %d jobs", lanes, n);
+        for (int i = 0; i < n; i++) cr_assert(!res[i].failed && !res[i].drop_only, "%s: %s", res[i].job, res[i].error);
+        trained += n;
+    }
+    cr_assert_eq(trained, 2 * J, "%d steps trained", trained);
+    cr_assert_eq(first, per_step < J ? per_step : J, "the first step trained %d jobs on %d lanes", first, lanes);
+    cr_assert_eq(tjobs_buffered(t), 0);
+    tfp_t f;
+    tfp_init(&f);
+    for (int i = 0; i < J; i++) {
+        snprintf(id, sizeof id, "s%d", i);
+        fp_metrics(&f, &r, id, 2);
+        fp_published(&f, &r, id, 2);
+    }
+    tjobs_destroy(&t);
+    rig_close(&r);
+    tr_redis_stop();
+    return f.h;
+}
+
+Test(tjobs, lanes_take_a_pass_each) {
+    tfp_pin_threads();
+    uint64_t one = six_jobs(1, "sx1:");
+    cr_assert_eq(six_jobs(2, "sx2:"), one, "two lanes");
+    cr_assert_eq(six_jobs(3, "sx3:"), one, "three lanes");
+}
+
+// Lanes beyond the bound are refused with the setting named.
+Test(tjobs, lanes_out_of_range_refused) {
+    rig_t r;
+    rig_open(&r, 2, "lr:");
+    char err[ERR_LEN] = "";
+    tjobs_cfg_t cfg = {.max_jobs = 2, .keep_versions = 2, .optim_every = 1, .pass_rows = 64, .shared_prefix = true,
+                       .lanes = RL_MAX_LANES + 1};
+    cr_assert_null(tjobs_new(r.e, r.st, &cfg, err));
+    cr_assert(strstr(err, "lanes must be in 1..64"), "%s", err);
+    rig_close(&r);
 }
 
 // More jobs than 256 (--set max_jobs): every job's slot and every pass's list of slots is sized
