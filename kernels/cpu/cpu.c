@@ -155,6 +155,124 @@ static inline __attribute__((always_inline)) float dot(const float *restrict a, 
     return s;
 }
 
+// --- exp ---------------------------------------------------------------------------------------
+// y[i] = expf(x[i]) for n floats, bit for bit what the C library's expf returns on the CPUs the
+// vector variants run on, 8 (AVX2) or 16 (AVX-512) at a time: attention's softmax and its
+// backward call expf once per score, and as a function call it took a tenth of a training pass
+// (models/micro, 32 jobs). glibc's expf on a CPU with FMA and AVX2 (its __expf_fma, since glibc
+// 2.27: sysdeps/ieee754/flt-32/e_expf.c) computes in double: z = x * 32/ln 2 rounded to an
+// integer k by adding 1.5 * 2^52, r = x * 32/ln 2 - k (both fused), s = 2^(k/32) from a 32-entry
+// table with k/32's integer part added to the exponent bits, then (C0 r + C1) r^2 + (C2 r + 1)
+// times s, each step fused as there, rounded to float once. These are those operations with the
+// same constants and table, on every lane; a lane whose |x| is 88 or more (overflow, underflow,
+// inf, NaN: the library's own branch) is computed by expf itself. The scalar variant calls expf.
+// tests/unit/test_cpu_isa.c compares the two over a sweep of the floats.
+#if KERN_CPU_ISA != KERN_CPU_ISA_SCALAR
+static const uint64_t EXPF_TAB[32] = {
+    0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
+    0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
+    0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
+    0x3feebfdad5362a27ull, 0x3feeb42b569d4f82ull, 0x3feeab07dd485429ull, 0x3feea47eb03a5585ull,
+    0x3feea09e667f3bcdull, 0x3fee9f75e8ec5f74ull, 0x3feea11473eb0187ull, 0x3feea589994cce13ull,
+    0x3feeace5422aa0dbull, 0x3feeb737b0cdc5e5ull, 0x3feec49182a3f090ull, 0x3feed503b23e255dull,
+    0x3feee89f995ad3adull, 0x3feeff76f2fb5e47ull, 0x3fef199bdd85529cull, 0x3fef3720dcef9069ull,
+    0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull,
+};
+#define EXPF_INVLN2N 0x40471547652b82feull   // 32 / ln 2
+#define EXPF_C0 0x3ebc6af84b912394ull
+#define EXPF_C1 0x3f2ebfce50fac4f3ull
+#define EXPF_C2 0x3f962e42ff0c52d6ull
+#define EXPF_SHIFT 0x4338000000000000ull     // 1.5 * 2^52
+#define EXPF_ONE 0x3ff0000000000000ull
+#define EXPF_TOP_SLOW 0x42b                  // (bits >> 20) & 0x7ff from |x| = 88 up: expf's own branch
+#endif
+
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+// 8 lanes of double: expf of the floats x (as doubles xd).
+static inline __m256 expf8_pd(__m512d xd) {
+    const __m512d inv = _mm512_castsi512_pd(_mm512_set1_epi64((long long)EXPF_INVLN2N));
+    const __m512d shift = _mm512_castsi512_pd(_mm512_set1_epi64((long long)EXPF_SHIFT));
+    __m512d z = _mm512_fmadd_pd(inv, xd, shift);
+    __m512i ki = _mm512_castpd_si512(z);
+    __m512d kd = _mm512_sub_pd(z, shift);
+    __m512d r = _mm512_fmsub_pd(inv, xd, kd);
+    __m512i t = _mm512_i64gather_epi64(_mm512_and_si512(ki, _mm512_set1_epi64(31)), (const void *)EXPF_TAB, 8);
+    t = _mm512_add_epi64(t, _mm512_slli_epi64(ki, 47));
+    __m512d p = _mm512_fmadd_pd(r, _mm512_castsi512_pd(_mm512_set1_epi64((long long)EXPF_C0)),
+                                _mm512_castsi512_pd(_mm512_set1_epi64((long long)EXPF_C1)));
+    __m512d r2 = _mm512_mul_pd(r, r);
+    __m512d y = _mm512_fmadd_pd(r, _mm512_castsi512_pd(_mm512_set1_epi64((long long)EXPF_C2)),
+                                _mm512_castsi512_pd(_mm512_set1_epi64((long long)EXPF_ONE)));
+    y = _mm512_fmadd_pd(p, r2, y);
+    return _mm512_cvtpd_ps(_mm512_mul_pd(y, _mm512_castsi512_pd(t)));
+}
+
+static void exp_rows(float *y, const float *x, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 20), _mm512_set1_epi32(0x7ff));
+        __mmask16 slow = _mm512_cmpge_epi32_mask(top, _mm512_set1_epi32(EXPF_TOP_SLOW));
+        __m256 lo = expf8_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+        __m256 hi = expf8_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+        if (slow) {
+            float xs[16];
+            memcpy(xs, x + i, sizeof xs);
+            _mm256_storeu_ps(y + i, lo);
+            _mm256_storeu_ps(y + i + 8, hi);
+            for (int l = 0; l < 16; l++)
+                if (slow & (1u << l)) y[i + l] = expf(xs[l]);
+            continue;
+        }
+        _mm256_storeu_ps(y + i, lo);
+        _mm256_storeu_ps(y + i + 8, hi);
+    }
+    for (; i < n; i++) y[i] = expf(x[i]);
+}
+#elif KERN_CPU_ISA == KERN_CPU_ISA_AVX2
+// 4 lanes of double: expf of the floats x (as doubles xd).
+static inline __m128 expf4_pd(__m256d xd) {
+    const __m256d inv = _mm256_castsi256_pd(_mm256_set1_epi64x((long long)EXPF_INVLN2N));
+    const __m256d shift = _mm256_castsi256_pd(_mm256_set1_epi64x((long long)EXPF_SHIFT));
+    __m256d z = _mm256_fmadd_pd(inv, xd, shift);
+    __m256i ki = _mm256_castpd_si256(z);
+    __m256d kd = _mm256_sub_pd(z, shift);
+    __m256d r = _mm256_fmsub_pd(inv, xd, kd);
+    __m256i t = _mm256_i64gather_epi64((const long long *)EXPF_TAB, _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8);
+    t = _mm256_add_epi64(t, _mm256_slli_epi64(ki, 47));
+    __m256d p = _mm256_fmadd_pd(r, _mm256_castsi256_pd(_mm256_set1_epi64x((long long)EXPF_C0)),
+                                _mm256_castsi256_pd(_mm256_set1_epi64x((long long)EXPF_C1)));
+    __m256d r2 = _mm256_mul_pd(r, r);
+    __m256d y = _mm256_fmadd_pd(r, _mm256_castsi256_pd(_mm256_set1_epi64x((long long)EXPF_C2)),
+                                _mm256_castsi256_pd(_mm256_set1_epi64x((long long)EXPF_ONE)));
+    y = _mm256_fmadd_pd(p, r2, y);
+    return _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(t)));
+}
+
+static void exp_rows(float *y, const float *x, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(v), 20), _mm256_set1_epi32(0x7ff));
+        int slow = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(top, _mm256_set1_epi32(EXPF_TOP_SLOW - 1))));
+        __m128 lo = expf4_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+        __m128 hi = expf4_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+        float xs[8];
+        if (slow) memcpy(xs, x + i, sizeof xs);
+        _mm_storeu_ps(y + i, lo);
+        _mm_storeu_ps(y + i + 4, hi);
+        if (slow)
+            for (int l = 0; l < 8; l++)
+                if (slow & (1 << l)) y[i + l] = expf(xs[l]);
+    }
+    for (; i < n; i++) y[i] = expf(x[i]);
+}
+#else
+static void exp_rows(float *y, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] = expf(x[i]);
+}
+#endif
+
 // --- bf16 ------------------------------------------------------------------------------------
 // bf16 is the upper half of an fp32: 1 sign, 8 exponent, 7 mantissa bits, stored as uint16_t.
 
@@ -1512,8 +1630,6 @@ static void cpu_rope(float *x, const int32_t *pos, int n, int n_heads, int head_
     par_for(n > 0 ? (size_t)n : 0, 16, 4, rope_chunk, &c);
 }
 
-static inline float silu(float g) { return g / (1.0f + expf(-g)); }
-
 #define GELU_ALPHA ((float)M_SQRT1_2)                      // 1/sqrt(2)
 #define GELU_BETA ((float)(M_2_SQRTPI * M_SQRT1_2 * 0.5))   // 1/sqrt(2 pi)
 #define GELU_TANH_BETA ((float)(M_SQRT2 * M_2_SQRTPI * 0.5))   // sqrt(2/pi)
@@ -1541,9 +1657,22 @@ static void glu_gelu_tanh_chunk(void *c_, size_t lo, size_t hi) {
     for (size_t i = lo; i < hi; i++) c->h[i] = gelu_tanh(c->g[i]) * c->u[i];
 }
 
+// exp(-g) of a block of gate values (exp_rows), for silu and its derivative.
+#define SILU_BLOCK 256
+static inline void exp_neg(float *e, const float *g, size_t n) {
+    for (size_t i = 0; i < n; i++) e[i] = -g[i];
+    exp_rows(e, e, (int)n);
+}
+
 static void glu_silu_chunk(void *c_, size_t lo, size_t hi) {
     const glu_t *c = c_;
-    for (size_t i = lo; i < hi; i++) c->h[i] = silu(c->g[i]) * c->u[i];
+    float e[SILU_BLOCK];
+    for (size_t b = lo; b < hi; b += SILU_BLOCK) {
+        size_t n = hi - b < SILU_BLOCK ? hi - b : SILU_BLOCK;
+        exp_neg(e, c->g + b, n);
+        // silu(g) = g / (1 + exp(-g))
+        for (size_t i = 0; i < n; i++) c->h[b + i] = c->g[b + i] / (1.0f + e[i]) * c->u[b + i];
+    }
 }
 
 static void cpu_glu(float *h, const float *g, const float *u, size_t n, kern_act_t act) {
@@ -1577,12 +1706,18 @@ static void glu_bwd_gelu_tanh_chunk(void *c_, size_t lo, size_t hi) {
 
 static void glu_bwd_silu_chunk(void *c_, size_t lo, size_t hi) {
     const glu_t *c = c_;
-    for (size_t i = lo; i < hi; i++) {
-        float s = 1.0f / (1.0f + expf(-c->g[i]));
-        float sg = c->g[i] * s;
-        float d = c->dh[i];
-        c->du[i] = d * sg;
-        c->dg[i] = d * c->u[i] * (s + sg * (1.0f - s));
+    float e[SILU_BLOCK];
+    for (size_t b = lo; b < hi; b += SILU_BLOCK) {
+        size_t n = hi - b < SILU_BLOCK ? hi - b : SILU_BLOCK;
+        exp_neg(e, c->g + b, n);
+        for (size_t k = 0; k < n; k++) {
+            size_t i = b + k;
+            float s = 1.0f / (1.0f + e[k]);
+            float sg = c->g[i] * s;
+            float d = c->dh[i];
+            c->du[i] = d * sg;
+            c->dg[i] = d * c->u[i] * (s + sg * (1.0f - s));
+        }
     }
 }
 
@@ -1608,11 +1743,10 @@ static float attn_row(float *restrict out, const float *restrict q, const float 
         scores[p] = s;
         mx = s > mx ? s : mx;
     }
+    for (int p = 0; p < ctx; p++) scores[p] -= mx;
+    exp_rows(scores, scores, ctx);
     float sum = 0.0f;
-    for (int p = 0; p < ctx; p++) {
-        scores[p] = expf(scores[p] - mx);
-        sum += scores[p];
-    }
+    for (int p = 0; p < ctx; p++) sum += scores[p];
     float inv = 1.0f / sum;
     for (int d = 0; d < hd; d++) out[d] = 0.0f;
     for (int p = 0; p < ctx; p++) {
@@ -1728,12 +1862,12 @@ static void cpu_attn_fwd(float *out, float *lse, const float *q, const float *k,
 //   P_tj = exp(s_tj - lse_t), dP_tj = dout_t . v_j, D_t = dout_t . out_t,
 //   dS_tj = P_tj (dP_tj - D_t), dq_t = scale sum_j dS_tj k_j,
 //   dk_j += scale dS_tj q_t, dv_j += P_tj dout_t.
-// One (query t, key j) term of it, for one head; qh, doh, dqh belong to t, kj, vj, dkj, dvj to j.
+// One (query t, key j) term of it, for one head, given P_tj; qh, doh, dqh belong to t, kj, vj,
+// dkj, dvj to j.
 static inline __attribute__((always_inline)) void attn_bwd_pair(float *restrict dqh, float *restrict dkj,
                                                                 float *restrict dvj, const float *qh,
                                                                 const float *doh, const float *kj, const float *vj,
-                                                                float L, float D, float scale, int hd) {
-    float P = expf(dot(qh, kj, hd) * scale - L);
+                                                                float P, float D, float scale, int hd) {
     float dP = dot(doh, vj, hd);
     float dS = P * (dP - D) * scale;
     for (int d = 0; d < hd; d++) {
@@ -1741,6 +1875,15 @@ static inline __attribute__((always_inline)) void attn_bwd_pair(float *restrict 
         dkj[d] += dS * qh[d];
         dvj[d] += P * doh[d];
     }
+}
+
+// P_tj = exp(s_tj - lse_t) of query row qh against n key rows (row r of the keys at k + row(r)),
+// into P: the scores first, then their exponentials in one vector pass (exp_rows).
+static inline __attribute__((always_inline)) void attn_probs(float *restrict P, const float *qh, const float *k,
+                                                             size_t row0, size_t stride, int n, int hd, float scale,
+                                                             float L) {
+    for (int j = 0; j < n; j++) P[j] = dot(qh, k + (row0 + (size_t)j) * stride, hd) * scale - L;
+    exp_rows(P, P, n);
 }
 
 // Backward of sequence s for kv head kh when s has pre_len[s] prefix rows: its queries' dq, and
@@ -1752,6 +1895,11 @@ static void attn_bwd_prefixed(float *dq, float *dk, float *dv, const float *dout
     float scale = 1.0f / sqrtf((float)hd);
     size_t base = (size_t)a->start[s], pbase = (size_t)a->pre_start[s], koff = (size_t)kh * hd;
     int np = a->pre_len[s];
+    float *P = malloc(sizeof(float) * (size_t)(np + a->len[s] + 1));
+    if (!P) {
+        fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
+        abort();
+    }
     for (int g = 0; g < grp; g++) {
         int h = kh * grp + g;
         for (int t = 0; t < a->len[s]; t++) {
@@ -1760,16 +1908,19 @@ static void attn_bwd_prefixed(float *dq, float *dk, float *dv, const float *dout
             float *dqh = dq + (i * H + h) * hd;
             float L = lse[i * H + h];
             float D = dot(doh, oh, hd);
+            attn_probs(P, qh, k + koff, pbase, (size_t)kvd, np, hd, scale, L);
+            attn_probs(P + np, qh, k + koff, base, (size_t)kvd, t + 1, hd, scale, L);
             for (int j = 0; j < np; j++) {
                 size_t r = (pbase + j) * kvd + koff;
-                attn_bwd_pair(dqh, dk + r, dv + r, qh, doh, k + r, v + r, L, D, scale, hd);
+                attn_bwd_pair(dqh, dk + r, dv + r, qh, doh, k + r, v + r, P[j], D, scale, hd);
             }
             for (int j = 0; j <= t; j++) {
                 size_t r = (base + j) * kvd + koff;
-                attn_bwd_pair(dqh, dk + r, dv + r, qh, doh, k + r, v + r, L, D, scale, hd);
+                attn_bwd_pair(dqh, dk + r, dv + r, qh, doh, k + r, v + r, P[np + j], D, scale, hd);
             }
         }
     }
+    free(P);
 }
 
 // Row range [lo, hi) that sequence seq writes dk/dv into.
@@ -1865,6 +2016,11 @@ static void attn_bwd_chunk(void *c_, size_t lo, size_t hi) {
         int s = (int)(it / (size_t)KV), kh = (int)(it % (size_t)KV);
         size_t base = (size_t)a->start[s];
         size_t koff = (size_t)kh * hd;
+        float *P = malloc(sizeof(float) * (size_t)(a->len[s] + 1));
+        if (!P) {
+            fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
+            abort();
+        }
         for (int g = 0; g < grp; g++) {
             int h = kh * grp + g;
             for (int t = 0; t < a->len[s]; t++) {
@@ -1873,20 +2029,14 @@ static void attn_bwd_chunk(void *c_, size_t lo, size_t hi) {
                 float *dqh = dq + (i * H + h) * hd;
                 float L = lse[i * H + h];
                 float D = dot(doh, oh, hd);
+                attn_probs(P, qh, k + koff, base, (size_t)kvd, t + 1, hd, scale, L);
                 for (int j = 0; j <= t; j++) {
-                    const float *kj = k + (base + j) * kvd + koff, *vj = v + (base + j) * kvd + koff;
-                    float P = expf(dot(qh, kj, hd) * scale - L);
-                    float dP = dot(doh, vj, hd);
-                    float dS = P * (dP - D) * scale;
-                    float *dkj = dk + (base + j) * kvd + koff, *dvj = dv + (base + j) * kvd + koff;
-                    for (int d = 0; d < hd; d++) {
-                        dqh[d] += dS * kj[d];
-                        dkj[d] += dS * qh[d];
-                        dvj[d] += P * doh[d];
-                    }
+                    size_t r = (base + j) * kvd + koff;
+                    attn_bwd_pair(dqh, dk + r, dv + r, qh, doh, k + r, v + r, P[j], D, scale, hd);
                 }
             }
         }
+        free(P);
     }
 }
 
@@ -2178,6 +2328,14 @@ static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, fl
     .logprob_bwd = cpu_logprob_bwd,          \
     .sample = cpu_sample,                    \
     .adamw = cpu_adamw,
+
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+void kern_cpu_exp_avx512(float *y, const float *x, int n) { exp_rows(y, x, n); }
+#elif KERN_CPU_ISA == KERN_CPU_ISA_AVX2
+void kern_cpu_exp_avx2(float *y, const float *x, int n) { exp_rows(y, x, n); }
+#else
+void kern_cpu_exp_scalar(float *y, const float *x, int n) { exp_rows(y, x, n); }
+#endif
 
 #if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
 const kernels_t kernels_cpu_avx512 = {CPU_OPS .gemm_bf16w = cpu_gemm_bf16w, .gemm_parts = cpu_gemm_parts};

@@ -24,4 +24,11 @@
 extern const kernels_t kernels_cpu_amx, kernels_cpu_avx512_bf16, kernels_cpu_avx512, kernels_cpu_avx2,
     kernels_cpu_scalar;
 
+// y[i] = expf(x[i]) as each variant computes it for softmax and activations (cpu.c, "exp"): the
+// vector variants bit for bit what the C library's expf gives; for tests. Defined by the variants
+// the build compiled.
+void kern_cpu_exp_avx512(float *y, const float *x, int n);
+void kern_cpu_exp_avx2(float *y, const float *x, int n);
+void kern_cpu_exp_scalar(float *y, const float *x, int n);
+
 #endif

@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/cpu/cpu_variants.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/kernels.h"
 
@@ -566,4 +567,71 @@ Test(cpu_isa, few_rows_chunks_and_threads_do_not_change_the_bits) {
         }
         h->free(X);
     }
+}
+
+// The exponential the variants use for softmax and silu (cpu.c, "exp") is the C library's expf
+// bit for bit: every 61st float bit pattern (negative and positive, normal and subnormal, every
+// exponent), every 29th float in [-1, 0], the branch thresholds and their neighbours,
+// +-0, +-inf and NaN, in runs of every length 1..40 (the vector loops' tails). A variant this CPU
+// cannot run is left out.
+static bool same_float(float a, float b) {
+    uint32_t x, y;
+    memcpy(&x, &a, 4), memcpy(&y, &b, 4);
+    return x == y || (isnan(a) && isnan(b));
+}
+
+static void exp_check(const char *name, void (*fn)(float *, const float *, int), const float *x, int n, float *y) {
+    fn(y, x, n);
+    for (int i = 0; i < n; i++) {
+        float want = expf(x[i]);
+        cr_assert(same_float(y[i], want), "%s: exp(%a) = %a, expf gives %a", name, (double)x[i], (double)y[i],
+                  (double)want);
+    }
+}
+
+Test(cpu_isa, exp_is_the_librarys_expf_bit_for_bit) {
+    struct {
+        const char *isa;
+        void (*fn)(float *, const float *, int);
+    } v[3] = {{"avx512", kern_cpu_exp_avx512}, {"avx2", kern_cpu_exp_avx2}, {"scalar", kern_cpu_exp_scalar}};
+    enum { B = 4096 };
+    float *x = malloc(sizeof(float) * B), *y = malloc(sizeof(float) * B);
+    int tested = 0;
+    for (int k = 0; k < 3; k++) {
+        if (!kernels_cpu_variant(v[k].isa)) continue;
+        tested++;
+        int n = 0;
+        for (uint64_t b = 0; b <= 0xffffffffull; b += 61) {
+            uint32_t u = (uint32_t)b;
+            memcpy(&x[n++], &u, 4);
+            if (n == B) exp_check(v[k].isa, v[k].fn, x, n, y), n = 0;
+        }
+        float lo = -1.0f;
+        uint32_t u;
+        memcpy(&u, &lo, 4);
+        for (uint32_t w = u; w > 0x80000000u; w -= 29) {   // -1 .. -0 going up
+            memcpy(&x[n++], &w, 4);
+            if (n == B) exp_check(v[k].isa, v[k].fn, x, n, y), n = 0;
+            if (w < 0x80000000u + 29) break;
+        }
+        const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 88.0f, -88.0f, 88.72283935546875f,
+                                 -103.97207641601562f, 0x1p-149f, -0x1p-149f, 1e-30f, -87.9999f, 87.9999f};
+        for (size_t s = 0; s < sizeof special / sizeof *special; s++)
+            for (int d = -2; d <= 2; d++) {
+                float f = special[s];
+                if (isfinite(f) && d) f = nextafterf(f, d < 0 ? -INFINITY : INFINITY);
+                if (isfinite(f) && (d == 2 || d == -2)) f = nextafterf(f, d < 0 ? -INFINITY : INFINITY);
+                x[n++] = f;
+            }
+        exp_check(v[k].isa, v[k].fn, x, n, y);
+        // every length of a run: the tails after whole vectors, with a slow lane anywhere
+        for (int len = 1; len <= 40; len++)
+            for (int slow = -1; slow < len; slow++) {
+                for (int i = 0; i < len; i++) x[i] = -0.37f * (float)(i + 1) + 0.01f * (float)len;
+                if (slow >= 0) x[slow] = slow % 2 ? -200.0f : 100.0f;
+                exp_check(v[k].isa, v[k].fn, x, len, y);
+            }
+    }
+    cr_assert_geq(tested, 1);
+    free(x), free(y);
 }
