@@ -243,7 +243,7 @@ valgrind-run: $(UNIT_BIN)
 	  --show-leak-kinds=definite,indirect --trace-children=yes --trace-children-skip='*redis-server*' -q $(UNIT_BIN) --jobs 1
 
 # The benchmark suite (bench/run.sh): N jobs async vs one by one, rollout, trainer, memory, the
-# engine; report in bench/results/<date>-<host>/. QUICK=1: N in {1, 8}, about 5 minutes.
+# engine; report in bench/results/<date>-<host>/. QUICK=1: N in {1, 32}, under 10 minutes.
 bench: all
 	bash bench/run.sh $(if $(QUICK),--quick)
 
