@@ -5,7 +5,7 @@
 #   bench/e2e.sh POLICY N OUT_DIR
 #
 # Settings come from the environment (bench/run.sh sets them): MODEL, STEPS, PROMPTS, GROUP,
-# TEMP, LR, EVAL_N, MAX_NEW, TASKS (space-separated, at least N), TENANTS, SEED (the jobs' seed;
+# TEMP, LR, EVAL_N, MAX_NEW, TASKS (space-separated, at least N), TENANTS, THREADS, LANES, SEED (the jobs' seed;
 # unset: the spec's default); DEFAULTS=1 submits each job with its task alone (every other setting
 # the job spec's default: bench/defaults.sh).
 #
@@ -34,6 +34,8 @@ HEADER="policy,n,wall_s,steady_s,roll_busy,roll_cpu,train_busy,train_cpu,roll_bu
 # INSECURE=1: plain links (the cost of CURVE is the difference)
 UP_FLAGS=()
 [ "${INSECURE:-0}" = 1 ] && UP_FLAGS=(--insecure)
+# LANES: the trainer's lanes (marlaas up --lanes; unset: its default, one per core)
+[ -n "${LANES:-}" ] && UP_FLAGS+=(--lanes "$LANES")
 cluster_up --model "$MODEL" --policy "$POLICY" --threads "$THREADS" "${UP_FLAGS[@]}" > "$D/up.log" 2>&1
 REDIS_PORT=$(sed -n 's/^MARLAAS_REDIS=.*:\([0-9]*\)$/\1/p' "$RUN/env")
 REDISCLI_AUTH=$(sed -n 's/^MARLAAS_REDIS_PASSWORD=//p' "$RUN/env")   # redis-cli's password

@@ -45,7 +45,9 @@ for n in $CAL_N; do
     export STEPS
     for rep in $(seq 1 "$CAL_REPEAT"); do
         # computed, then simulated, in turn: a slow spell of the machine falls on both
-        LABEL=real-n$n-r$rep bash bench/e2e.sh async "$n" "$D" > "$D/real-n$n-r$rep.log" 2>&1
+        # one trainer lane, as the simulated trainer models it (marlaas up gives a CPU trainer one
+        # per core)
+        LANES=1 LABEL=real-n$n-r$rep bash bench/e2e.sh async "$n" "$D" > "$D/real-n$n-r$rep.log" 2>&1
         mv "$D/real-n$n-r$rep-n$n" "$D/real-n$n-r$rep"
         # the real completions' length distribution, from the trainer's step lines (gen_tokens of
         # PROMPTS x GROUP samples): the mean, and the variance of one sample (within a job, the
