@@ -148,16 +148,18 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
     int rport = o->redis_port > 0 ? (int)o->redis_port : free_port();
     char rlog[4200], rconf[4200];
     snprintf(rlog, sizeof rlog, "%s/redis.log", logs);
-    // Redis on loopback with a password and an append-only file: every write reaches the file
-    // (the kernel's page cache) before Redis answers, so `down` and `up` again, or a crash of
-    // redis-server or of a service, lose no tenant, job, adapter or id counter; the file is
-    // fsynced once a second (as the Kubernetes and Compose deployments do), so only a crash of
-    // the machine itself can lose the last second. Every training step writes the job's adapter
-    // and optimiser state (about 225 KB on models/micro): fsyncing each write and rewriting the
-    // file each time it passed 64 MB (Redis's default) took a quarter of a core and 8-11 % of
-    // the end-to-end time of 32 jobs on 2 cores (bench/e2e.sh async 32: 80.2 and 83.3 s; fsync
-    // once a second 76.7 s; and rewriting past 512 MB 73.9 s). The file is rewritten once it
-    // doubles and passes 256 MB.
+    // Redis on loopback with a password and an append-only file that every write reaches (the
+    // kernel's page cache) before Redis answers it: `down` and `up` again, or a crash of
+    // redis-server or of a service, lose no tenant, job, adapter or id counter
+    // (test_failures.sh, scenario d). The kernel writes the file to disk on its own schedule
+    // (appendfsync no), so only a crash of the machine itself can lose the last seconds. Every
+    // training step writes the job's adapter and optimiser state (about 225 KB on models/micro):
+    // 32 jobs on 2 cores (bench/e2e.sh async 32) took 78.0 s with an fsync at every write and
+    // 68.2 s without. appendfsync everysec, as the Kubernetes and Compose deployments have it, is
+    // as fast but may hold a write back for up to 2 s while a background fsync runs, after the
+    // answer: a SIGKILLed redis-server then lost a step that had been acknowledged. The file is
+    // rewritten once it doubles and passes 256 MB (Redis's 64 MB default: every 2 s here, a fork
+    // and a copy each time; 80.2-83.3 against 72.3 s with fsync once a second).
     // The password sits in a 0600 config file (not on the command line, where `ps` shows it).
     unsigned char pw_rnd[24];
     char rpass[49];
@@ -173,7 +175,7 @@ static int cluster_up(const cluster_opts_t *o, char admin[65]) {
         return -1;
     }
     fprintf(rf, "port %d\nbind 127.0.0.1\nprotected-mode yes\ndir \"%s\"\nsave \"\"\nappendonly yes\n"
-                "appendfsync everysec\nauto-aof-rewrite-min-size 256mb\nrequirepass %s\n", rport, path, rpass);
+                "appendfsync no\nauto-aof-rewrite-min-size 256mb\nrequirepass %s\n", rport, path, rpass);
     fclose(rf);
     char *rargv[] = {"redis-server", rconf, NULL};
     pid_t all[5];
