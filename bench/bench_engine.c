@@ -168,6 +168,8 @@ static double decode_bytes(const model_t *m, const lora_t *a) {
 static lora_pool_t *adapters(const model_t *m, int n) {
     char err[ERR_LEN];
     lora_pool_t *pool = lora_pool_new(n);
+    // as the rollout holds them: on bf16 weights (CPU) with bf16 copies for decode
+    if (m->bf16 && m->k == kernels_cpu()) lora_pool_bf16_copies(pool, true);
     peft_config_t pc = {.r = 8, .alpha = 16, .targets = LORA_ALL_TARGETS};
     for (int i = 0; i < n; i++) {
         lora_t *a = lora_new(&m->cfg, &pc, m->k, (uint64_t)i + 1, err);

@@ -66,11 +66,15 @@ typedef struct {
 #define KERN_PARTS_MAX 4
 
 // One segment of a multi-LoRA (SGMV) product: rows row0 .. row0+n_rows-1 use adapter matrices
-// A (rank, in) and B (rank, out) (lora_B transposed) with the given scale.
+// A (rank, in) and B (rank, out) (lora_B transposed) with the given scale. A16 and B16, when not
+// NULL, are the same matrices rounded to bf16 (backend memory): a backend may compute a segment
+// from them instead (the CPU backend does for its segments of fewer than 8 rows, the decode
+// steps of many adapters, where reading the adapters is the cost); the others ignore them.
 typedef struct {
     int row0, n_rows, rank;
     const float *A, *B;
     float scale;
+    const uint16_t *A16, *B16;
 } kern_lora_seg_t;
 
 // Gate activation of the gated MLP (glu, glu_bwd). Kernels know nothing of the model config; the
@@ -169,6 +173,10 @@ typedef struct kernels {
     // Multi-LoRA over all segments in one call (SGMV): shrink T[r, 0:rank] = X[r] A^T, and
     // expand Y[r] += scale * T[r, 0:rank] B. T has row stride ldt; X is (N, in), Y is (N, out).
     void (*lora_shrink)(float *T, int ldt, const float *X, int in, const kern_lora_seg_t *seg, int n_seg);
+    // Optional (NULL: lora_shrink then lora_expand): both in one call, T receiving the shrink
+    // outputs as lora_shrink writes them; the same results, element for element, as the two calls.
+    void (*lora_apply)(float *Y, int out, float *T, int ldt, const float *X, int in, const kern_lora_seg_t *seg,
+                       int n_seg);
     void (*lora_expand)(float *Y, int out, const float *T, int ldt, const kern_lora_seg_t *seg, int n_seg);
 
     // --- losses -----------------------------------------------------------------------------

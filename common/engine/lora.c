@@ -108,11 +108,26 @@ lora_t *lora_clone(const lora_t *src) {
         a->A[t] = src->A[t] ? a->params + (src->A[t] - src->params) : NULL;
         a->B[t] = src->B[t] ? a->params + (src->B[t] - src->params) : NULL;
     }
+    // the copy follows the clone's own parameters, which its owner may change: made again on demand
+    a->params16 = NULL;
+    memset(a->A16, 0, sizeof a->A16), memset(a->B16, 0, sizeof a->B16);
     return a;
+}
+
+// The bf16 copy of a's parameters (lora_pool_bf16_copies).
+static void make_bf16_copy(lora_t *a) {
+    if (a->modelled || a->params16 || !a->n_params) return;
+    a->params16 = a->k->alloc(a->n_params * sizeof(uint16_t));
+    a->k->to_bf16(a->params16, a->params, a->n_params);
+    for (int t = 0; t < LORA_N_TARGETS; t++) {
+        a->A16[t] = a->A[t] ? a->params16 + (a->A[t] - a->params) : NULL;
+        a->B16[t] = a->B[t] ? a->params16 + (a->B[t] - a->params) : NULL;
+    }
 }
 
 void lora_destroy(lora_t **pa) {
     if (!pa || !*pa) return;
+    if ((*pa)->params16) (*pa)->k->free((*pa)->params16);
     (*pa)->k->free((*pa)->params);
     free(*pa);
     *pa = NULL;
@@ -336,6 +351,7 @@ done:
 struct lora_pool {
     int n_slots;
     lora_t **slot;
+    bool bf16_copies;
 };
 
 lora_pool_t *lora_pool_new(int n_slots) {
@@ -367,7 +383,23 @@ int lora_pool_set(lora_pool_t *p, int slot, lora_t **a, char *err) {
     lora_destroy(&p->slot[slot]);
     p->slot[slot] = *a;
     *a = NULL;
+    if (p->bf16_copies) make_bf16_copy(p->slot[slot]);
     return 0;
+}
+
+void lora_pool_bf16_copies(lora_pool_t *p, bool on) {
+    p->bf16_copies = on;
+    for (int i = 0; i < p->n_slots; i++) {
+        lora_t *a = p->slot[i];
+        if (!a) continue;
+        if (on) {
+            make_bf16_copy(a);
+        } else if (a->params16) {
+            a->k->free(a->params16);
+            a->params16 = NULL;
+            memset(a->A16, 0, sizeof a->A16), memset(a->B16, 0, sizeof a->B16);
+        }
+    }
 }
 
 void lora_pool_clear(lora_pool_t *p, int slot) {
@@ -417,12 +449,19 @@ void lora_forward(const kernels_t *k, const lora_plan_t *plan, const lora_pool_t
         int r = a->cfg.r;
         seg[n++] = (kern_lora_seg_t){.row0 = g->row0, .n_rows = g->n_rows, .rank = r, .scale = a->scale,
                                      .A = a->A[t] + (size_t)layer * r * in, .B = a->B[t] + (size_t)layer * r * out};
+        // the bf16 copy serves inference only: a forward whose outputs are kept is a training one
+        if (a->params16 && !T)
+            seg[n - 1].A16 = a->A16[t] + (size_t)layer * r * in, seg[n - 1].B16 = a->B16[t] + (size_t)layer * r * out;
     }
     if (n) {
         // T (N, R): shrink outputs, kept for backward when the caller asks for them.
         float *Ts = T ? T : scratch;
-        k->lora_shrink(Ts, plan->max_rank, X, in, seg, n);
-        k->lora_expand(Y, out, Ts, plan->max_rank, seg, n);
+        if (k->lora_apply) {
+            k->lora_apply(Y, out, Ts, plan->max_rank, X, in, seg, n);
+        } else {
+            k->lora_shrink(Ts, plan->max_rank, X, in, seg, n);
+            k->lora_expand(Y, out, Ts, plan->max_rank, seg, n);
+        }
     }
     if (seg != stack) free(seg);
 }

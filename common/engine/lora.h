@@ -35,6 +35,11 @@ typedef struct {
     float *B[LORA_N_TARGETS];    // (L, r, out_t)  transposed lora_B
     bool modelled;               // an adapter of the simulated backend: a configuration without
                                  // parameters (n_params 0, params, A and B NULL); see lora_modelled_serialize
+    // A copy of params rounded to bf16 (same layout), made by lora_pool_set in a pool with
+    // lora_pool_bf16_copies on; NULL otherwise. Decode steps of many adapters read it instead of
+    // params (kern_lora_seg_t A16/B16): half the bytes.
+    uint16_t *params16;
+    uint16_t *A16[LORA_N_TARGETS], *B16[LORA_N_TARGETS];
 } lora_t;
 
 // in/out features of target t for the model config.
@@ -78,6 +83,12 @@ int lora_pool_slots(const lora_pool_t *p);
 int lora_pool_set(lora_pool_t *p, int slot, lora_t **a, char *err);
 void lora_pool_clear(lora_pool_t *p, int slot);
 lora_t *lora_pool_get(const lora_pool_t *p, int slot);   // NULL when empty or out of range
+// Inference on a bf16 model: every adapter installed from now on (and every one already in the
+// pool) gets a bf16 copy of its parameters, which decode steps of fewer than 8 rows per adapter
+// read in place of the fp32 ones (lora_forward without saved outputs, kern_lora_seg_t A16/B16;
+// within the tolerance of bf16 weights). The copy is made once, at installation: a pool whose
+// adapters change in place (a trainer's) must not turn this on. Off by default.
+void lora_pool_bf16_copies(lora_pool_t *p, bool on);
 
 // --- plan ----------------------------------------------------------------------------------------
 typedef struct {

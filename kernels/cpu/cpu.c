@@ -2090,11 +2090,42 @@ typedef struct {
 // its single pass saves), takes plain dot products, each row against A's rows.
 #define LORA_GEMV_MIN_IN 256
 
+// t[j] = x . a16[j] for the rank rows of a bf16 A (in columns), four rows at a time: four
+// independent sums in flight (one sum is a chain of dependent additions, which holds a core to a
+// quarter of the rate at which it can read a bf16 A), and x read once for four rows.
+static void shrink_row_bf16(float *t, const float *restrict x, const uint16_t *restrict a16, int rank, int in) {
+    int j = 0;
+    for (; j + 4 <= rank; j += 4) {
+        const uint16_t *restrict a0 = a16 + (size_t)j * in, *restrict a1 = a0 + in, *restrict a2 = a1 + in,
+                                 *restrict a3 = a2 + in;
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+        for (int i = 0; i < in; i++) {
+            s0 += x[i] * bf16_to_f32(a0[i]);
+            s1 += x[i] * bf16_to_f32(a1[i]);
+            s2 += x[i] * bf16_to_f32(a2[i]);
+            s3 += x[i] * bf16_to_f32(a3[i]);
+        }
+        t[j] = s0, t[j + 1] = s1, t[j + 2] = s2, t[j + 3] = s3;
+    }
+    for (; j < rank; j++) t[j] = dot_bf16(x, a16 + (size_t)j * in, in);
+}
+
 static void shrink_chunk(void *c_, size_t lo, size_t hi) {
     const lora_t *c = c_;
     for (size_t s = lo; s < hi; s++) {
         const kern_lora_seg_t *g = &c->seg[s];
         if (g->n_rows >= LORA_GEMM_MIN_ROWS) continue;
+        if (g->A16) {
+            if (g->n_rows >= 2 && c->in >= LORA_GEMV_MIN_IN) {
+                gemv_bf16(g->n_rows, g->rank, c->in, 1.0f, c->X + (size_t)g->row0 * c->in, c->in, g->A16, c->in, 0.0f,
+                          c->T + (size_t)g->row0 * c->ldt, c->ldt);
+                continue;
+            }
+            for (int r = g->row0; r < g->row0 + g->n_rows; r++)
+                shrink_row_bf16(c->T + (size_t)r * c->ldt, c->X + (size_t)r * c->in, g->A16, g->rank, c->in);
+            continue;
+        }
         if (g->n_rows >= 2 && c->in >= LORA_GEMV_MIN_IN) {
             gemv_f32(g->n_rows, g->rank, c->in, 1.0f, c->X + (size_t)g->row0 * c->in, c->in, g->A, c->in, 0.0f,
                      c->T + (size_t)g->row0 * c->ldt, c->ldt);
@@ -2112,11 +2143,23 @@ static void expand_chunk(void *c_, size_t lo, size_t hi) {
     for (size_t s = lo; s < hi; s++) {
         const kern_lora_seg_t *g = &c->seg[s];
         if (g->n_rows >= LORA_GEMM_MIN_ROWS) continue;
-        for (int o0 = 0; o0 < out; o0 += EXPAND_COLS) {
-            int o1 = out - o0 < EXPAND_COLS ? out : o0 + EXPAND_COLS;
+        // one row: B's rows whole, one after the other (one stream from memory, which the
+        // prefetchers follow better than rank interleaved ones; the row of Y stays in L1)
+        int cols = g->n_rows == 1 ? out : EXPAND_COLS;
+        for (int o0 = 0; o0 < out; o0 += cols) {
+            int o1 = out - o0 < cols ? out : o0 + cols;
             for (int r = g->row0; r < g->row0 + g->n_rows; r++) {
                 const float *tr = c->Tc + (size_t)r * c->ldt;
                 float *restrict y = c->Y + (size_t)r * out;
+                if (g->B16) {
+                    for (int j = 0; j < g->rank; j++) {
+                        const uint16_t *restrict b = g->B16 + (size_t)j * out;
+                        float cj = g->scale * tr[j];
+#pragma omp simd
+                        for (int o = o0; o < o1; o++) y[o] += cj * bf16_to_f32(b[o]);
+                    }
+                    continue;
+                }
                 for (int j = 0; j < g->rank; j++) {
                     const float *restrict b = g->B + (size_t)j * out;
                     float cj = g->scale * tr[j];
@@ -2126,6 +2169,36 @@ static void expand_chunk(void *c_, size_t lo, size_t hi) {
             }
         }
     }
+}
+
+// Both halves of a segment in one chunk: the segment's T rows, still in L1, are expanded as soon
+// as they are made, and the loop is one parallel region instead of two.
+static void apply_chunk(void *c_, size_t lo, size_t hi) {
+    for (size_t s = lo; s < hi; s++) {
+        shrink_chunk(c_, s, s + 1);
+        expand_chunk(c_, s, s + 1);
+    }
+}
+
+static void cpu_lora_apply(float *Y, int out, float *T, int ldt, const float *X, int in, const kern_lora_seg_t *seg,
+                           int n_seg) {
+    int small = 0;
+    for (int s = 0; s < n_seg; s++) {
+        const kern_lora_seg_t *g = &seg[s];
+        if (g->n_rows >= LORA_GEMM_MIN_ROWS) {
+            cpu_gemm(false, true, g->n_rows, g->rank, in, 1.0f, X + (size_t)g->row0 * in, in, g->A, in, 0.0f,
+                     T + (size_t)g->row0 * ldt, ldt);
+            cpu_gemm(false, false, g->n_rows, out, g->rank, g->scale, T + (size_t)g->row0 * ldt, ldt, g->B, out, 1.0f,
+                     Y + (size_t)g->row0 * out, out);
+        } else {
+            small++;
+        }
+    }
+    if (!small) return;
+    // a few chunks of segments per thread: a chunk per one-row segment costs more in claiming
+    // than the segment's arithmetic on a small model
+    lora_t c = {.T = T, .Y = Y, .ldt = ldt, .in = in, .out = out, .X = X, .Tc = T, .seg = seg};
+    kpool_for((size_t)n_seg, kpool_grain((size_t)n_seg, 2, 1), apply_chunk, &c);
 }
 
 static void cpu_lora_shrink(float *T, int ldt, const float *X, int in, const kern_lora_seg_t *seg, int n_seg) {
@@ -2324,6 +2397,7 @@ static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, fl
     .attn_bwd = cpu_attn_bwd,                \
     .lora_shrink = cpu_lora_shrink,          \
     .lora_expand = cpu_lora_expand,          \
+    .lora_apply = cpu_lora_apply,            \
     .token_logprobs = cpu_token_logprobs,    \
     .logprob_bwd = cpu_logprob_bwd,          \
     .sample = cpu_sample,                    \

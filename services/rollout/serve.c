@@ -65,6 +65,8 @@ rollout_t *rollout_open(svc_t *s, store_t *st, const kernels_t *k, bool bf16, ch
         rollout_close(&r);
         return NULL;
     }
+    // the adapters here are read, never trained: on bf16 weights (CPU) decode reads bf16 copies
+    if (r->rt->model->bf16 && k == kernels_cpu()) lora_pool_bf16_copies(r->rt->pool, true);
     r->w = worker_new(r->rt, st, s->id, err);
     r->max_queue = atoi(svc_extra(s, "max_queue", "64"));
     // A small receive queue keeps tasks at the scheduler, where fair share decides.

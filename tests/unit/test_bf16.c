@@ -311,3 +311,107 @@ Test(bf16, backend_by_name) {
     cr_assert(strstr(why, "no CUDA backend"), "message: %s", why);
 #endif
 }
+
+// The rollout's bf16 adapter copies (lora_pool_bf16_copies): decode steps of one row per adapter
+// on a bf16 model read the adapters' bf16 copies. Against a pool of the same adapters rounded to
+// bf16 and no copies: the same values, only the fp32 summation order differs (1e-5 relative);
+// against the unrounded adapters: a nonzero difference (the copies are read) within the 5e-2 of
+// bf16. Prefill segments (the sgemm path) and a forward kept for backward (training) read the
+// fp32 parameters: bit for bit the same with and without copies. Copies made when turned on for
+// adapters already in the pool, and dropped when turned off.
+Test(bf16, adapter_copies_for_decode, .init = tu_x_exact_variant) {
+    char err[ERR_LEN];
+    hf_config_t c = tu_config();
+    enum { COPIES, ROUNDED_AD, PLAIN, N_POOLS, NA = 3, P = 6, STEPS = 3 };
+    model_t *m[N_POOLS];
+    lora_pool_t *pool[N_POOLS];
+    engine_t *e[N_POOLS];
+    for (int p = 0; p < N_POOLS; p++) {
+        m[p] = tu_model(&c, 21);
+        cr_assert_eq(model_to_bf16(m[p], err), 0, "%s", err);
+        pool[p] = lora_pool_new(NA);
+        if (p == COPIES) lora_pool_bf16_copies(pool[p], true);
+        for (int s = 0; s < NA; s++) {
+            lora_t *a = tu_adapter(&c, 4, LORA_ALL_TARGETS, 5 + (uint64_t)s);
+            cr_assert_not_null(a);
+            if (p == ROUNDED_AD) {
+                uint16_t *h = malloc(sizeof(uint16_t) * a->n_params);
+                kernels_cpu()->to_bf16(h, a->params, a->n_params);
+                kernels_cpu()->from_bf16(a->params, h, a->n_params);
+                free(h);
+            }
+            cr_assert_eq(lora_pool_set(pool[p], s, &a, err), 0, "%s", err);
+        }
+        cr_assert_eq(lora_pool_get(pool[p], 0)->params16 != NULL, p == COPIES);
+        e[p] = engine_new(m[p], pool[p], err);
+        cr_assert_not_null(e[p], "%s", err);
+    }
+    int V = c.vocab_size;
+    int32_t tok[NA][P + STEPS];
+    for (int s = 0; s < NA; s++)
+        for (int i = 0; i < P + STEPS; i++) tok[s][i] = (int32_t)((7 * i + 3 * s + 1) % V);
+    size_t n_pre = (size_t)NA * P * V, n_dec = (size_t)STEPS * NA * V;
+    float *out[N_POOLS];
+    for (int p = 0; p < N_POOLS; p++) {
+        out[p] = calloc(n_pre + n_dec, sizeof(float));
+        kvcache_t *kc = kvcache_new(c.num_hidden_layers, c.num_key_value_heads * c.head_dim, 4, 64, NA, err);
+        cr_assert_not_null(kc, "%s", err);
+        engine_seq_t q[NA];
+        for (int s = 0; s < NA; s++)
+            q[s] = (engine_seq_t){.tokens = tok[s], .n_tokens = P, .kv_seq = kvcache_seq_new(kc, err), .slot = s,
+                                  .logits = ENGINE_LOGITS_ALL};
+        cr_assert_eq(engine_step(e[p], kc, q, NA, out[p], err), 0, "%s", err);
+        for (int st = 0; st < STEPS; st++) {
+            for (int s = 0; s < NA; s++)
+                q[s].tokens = tok[s] + P + st, q[s].n_tokens = 1, q[s].logits = ENGINE_LOGITS_LAST;
+            cr_assert_eq(engine_step(e[p], kc, q, NA, out[p] + n_pre + (size_t)st * NA * V, err), 0, "%s", err);
+        }
+        kvcache_destroy(&kc);
+    }
+    // prefill and decode: segments of 6 and 1 rows (fewer than 8: the few-rows path, which reads
+    // the copies)
+    for (int part = 0; part < 2; part++) {
+        const float *a = out[COPIES] + (part ? n_pre : 0), *r = out[ROUNDED_AD] + (part ? n_pre : 0),
+                    *u = out[PLAIN] + (part ? n_pre : 0);
+        size_t n = part ? n_dec : n_pre;
+        double near = rel_diff(a, r, n), far = rel_diff(a, u, n);
+        cr_log_info("%s: copies vs rounded adapters %.3g, vs unrounded %.3g", part ? "decode" : "prefill", near, far);
+        cr_assert(near <= 1e-5, "%s: bf16 copies vs adapters rounded to bf16: %.3g > 1e-5", part ? "decode" : "prefill",
+                  near);
+        cr_assert(far > 0.0 && far < 5e-2, "%s: bf16 copies vs unrounded adapters: %.3g outside (0, 5e-2)",
+                  part ? "decode" : "prefill", far);
+    }
+    // log-probs and LoRA gradients (a forward kept for backward; sequences of 5 tokens: segments
+    // of the few-rows path) read the fp32 parameters: the same bits with and without copies
+    enum { TLEN = 5 };
+    engine_train_seq_t ts[NA];
+    float w[NA][TLEN], lp[2][NA][TLEN];
+    for (int s = 0; s < NA; s++) {
+        for (int t = 0; t < TLEN; t++) w[s][t] = t >= 1 ? 1.0f : 0.0f;
+        ts[s] = (engine_train_seq_t){.tokens = tok[s], .len = TLEN, .slot = s, .weight = w[s]};
+    }
+    size_t np = lora_pool_get(pool[PLAIN], 0)->n_params;
+    float *grad[2];
+    loss_cfg_t lc = {.kind = LOSS_CE, .temperature = 1.0f};
+    const int which[2] = {COPIES, PLAIN};
+    for (int i = 0; i < 2; i++) {
+        float *lpp[NA] = {lp[i][0], lp[i][1], lp[i][2]};
+        cr_assert_eq(engine_logprobs(e[which[i]], ts, NA, 1.0f, lpp, NULL, err), 0, "%s", err);
+        grad[i] = calloc(np * NA, sizeof(float));
+        float *gs[NA] = {grad[i], grad[i] + np, grad[i] + 2 * np};
+        cr_assert_eq(engine_train(e[which[i]], ts, NA, &lc, NULL, gs, NULL, 0, err), 0, "%s", err);
+    }
+    cr_assert_eq(memcmp(lp[0], lp[1], sizeof lp[0]), 0, "log-probs read the copies");
+    cr_assert_eq(memcmp(grad[0], grad[1], sizeof(float) * np * NA), 0, "LoRA gradients read the copies");
+    free(grad[0]), free(grad[1]);
+    for (int p = 0; p < N_POOLS; p++) free(out[p]);
+    lora_pool_bf16_copies(pool[COPIES], false);
+    cr_assert_null(lora_pool_get(pool[COPIES], 0)->params16, "turned off: the copies are dropped");
+    lora_pool_bf16_copies(pool[PLAIN], true);
+    cr_assert_not_null(lora_pool_get(pool[PLAIN], 2)->params16, "turned on: adapters in the pool get copies");
+    for (int p = 0; p < N_POOLS; p++) {
+        engine_destroy(&e[p]);
+        lora_pool_destroy(&pool[p]);
+        model_destroy(&m[p]);
+    }
+}
