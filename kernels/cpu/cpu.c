@@ -2171,30 +2171,49 @@ static void expand_chunk(void *c_, size_t lo, size_t hi) {
     }
 }
 
+// A segment of many rows whose two products are each too small to share between threads
+// (sgemm_pool's bound): one OpenBLAS call each wherever it runs, so such segments run side by side,
+// a segment per chunk, instead of one after the other on the caller (a prefill of many jobs: 32
+// adapters x 64 rows on a small model, 1,800 such calls per step, had the second core idle).
+static bool lora_seg_alone(const kern_lora_seg_t *g, int in, int out) {
+    double rk = (double)g->n_rows * g->rank;
+    return g->n_rows >= LORA_GEMM_MIN_ROWS && (rk * in >= SGEMM_POOL_MIN_MACS || rk * out >= SGEMM_POOL_MIN_MACS);
+}
+
 // Both halves of a segment in one chunk: the segment's T rows, still in L1, are expanded as soon
 // as they are made, and the loop is one parallel region instead of two.
 static void apply_chunk(void *c_, size_t lo, size_t hi) {
+    const lora_t *c = c_;
     for (size_t s = lo; s < hi; s++) {
-        shrink_chunk(c_, s, s + 1);
-        expand_chunk(c_, s, s + 1);
+        const kern_lora_seg_t *g = &c->seg[s];
+        if (g->n_rows < LORA_GEMM_MIN_ROWS) {
+            shrink_chunk(c_, s, s + 1);
+            expand_chunk(c_, s, s + 1);
+        } else if (!lora_seg_alone(g, c->in, c->out)) {
+            cpu_gemm(false, true, g->n_rows, g->rank, c->in, 1.0f, c->X + (size_t)g->row0 * c->in, c->in, g->A, c->in,
+                     0.0f, c->T + (size_t)g->row0 * c->ldt, c->ldt);
+            cpu_gemm(false, false, g->n_rows, c->out, g->rank, g->scale, c->T + (size_t)g->row0 * c->ldt, c->ldt, g->B,
+                     c->out, 1.0f, c->Y + (size_t)g->row0 * c->out, c->out);
+        }
     }
 }
 
 static void cpu_lora_apply(float *Y, int out, float *T, int ldt, const float *X, int in, const kern_lora_seg_t *seg,
                            int n_seg) {
-    int small = 0;
+    int rest = 0;
     for (int s = 0; s < n_seg; s++) {
         const kern_lora_seg_t *g = &seg[s];
-        if (g->n_rows >= LORA_GEMM_MIN_ROWS) {
+        if (lora_seg_alone(g, in, out)) {
+            // large enough to share: its products on the pool, one after the other
             cpu_gemm(false, true, g->n_rows, g->rank, in, 1.0f, X + (size_t)g->row0 * in, in, g->A, in, 0.0f,
                      T + (size_t)g->row0 * ldt, ldt);
             cpu_gemm(false, false, g->n_rows, out, g->rank, g->scale, T + (size_t)g->row0 * ldt, ldt, g->B, out, 1.0f,
                      Y + (size_t)g->row0 * out, out);
         } else {
-            small++;
+            rest++;
         }
     }
-    if (!small) return;
+    if (!rest) return;
     // a few chunks of segments per thread: a chunk per one-row segment costs more in claiming
     // than the segment's arithmetic on a small model
     lora_t c = {.T = T, .Y = Y, .ldt = ldt, .in = in, .out = out, .X = X, .Tc = T, .seg = seg};

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/engine/sampler.h"
+#include "kernels/cpu/pool.h"
 #include "kernels/kernels.h"
 #include "tests/unit/testbits.h"
 
@@ -364,13 +365,16 @@ Test(kernel_ops, scatter_rows) {
 }
 
 // Multi-LoRA: lora_apply (one call) against lora_shrink then lora_expand, bit for bit, on
-// segments of 1, 3 and 9 rows (the few-rows path and sgemm) with fp32 matrices and with bf16
-// copies; and the bf16 copies against fp32 matrices holding the same rounded values (only the
-// summation order may differ).
+// segments of 1 and 3 rows (the few-rows path), 9 and 40 rows (one OpenBLAS call each, side by
+// side in lora_apply) and 900 rows (products large enough to share: on the pool), with fp32
+// matrices and with bf16 copies; and the bf16 copies against fp32 matrices holding the same
+// rounded values (only the summation order may differ).
 Test(kernel_ops, lora_apply_is_shrink_then_expand) {
     const kernels_t *k = kernels_cpu();
-    enum { IN = 300, OUT = 200, R = 8, NSEG = 3, N = 13 };
-    const int rows[NSEG] = {1, 3, 9};
+    enum { IN = 300, OUT = 200, R = 8, NSEG = 5, N = 953 };
+    const int rows[NSEG] = {1, 3, 9, 900, 40};
+    int threads = kpool_threads();
+    kpool_set_threads(2);   // segments side by side on two threads, as on the services' machines
     tk_state = 17;
     float *A = malloc(sizeof(float) * NSEG * R * IN), *B = malloc(sizeof(float) * NSEG * R * OUT);
     float *Ar = malloc(sizeof(float) * NSEG * R * IN), *Br = malloc(sizeof(float) * NSEG * R * OUT);
@@ -379,7 +383,9 @@ Test(kernel_ops, lora_apply_is_shrink_then_expand) {
     for (int i = 0; i < NSEG * R * OUT; i++) B[i] = tk_unif(-0.1f, 0.1f);
     k->to_bf16(A16, A, (size_t)NSEG * R * IN), k->from_bf16(Ar, A16, (size_t)NSEG * R * IN);
     k->to_bf16(B16, B, (size_t)NSEG * R * OUT), k->from_bf16(Br, B16, (size_t)NSEG * R * OUT);
-    float X[N * IN], Y0[N * OUT], Y[3][N * OUT], T[3][N * R], Yfp[N * OUT];
+    size_t ny = sizeof(float) * N * OUT, nt = sizeof(float) * N * R;
+    float *X = malloc(sizeof(float) * N * IN), *Y0 = malloc(ny), *Yfp = malloc(ny), *Y[3], *T[3];
+    for (int v = 0; v < 3; v++) Y[v] = malloc(ny), T[v] = malloc(nt);
     for (int i = 0; i < N * IN; i++) X[i] = tk_unif(-1.0f, 1.0f);
     for (int i = 0; i < N * OUT; i++) Y0[i] = tk_unif(-1.0f, 1.0f);
     for (int copies = 0; copies < 2; copies++) {
@@ -391,14 +397,14 @@ Test(kernel_ops, lora_apply_is_shrink_then_expand) {
             segr[s] = seg[s], segr[s].A = Ar + (size_t)s * R * IN, segr[s].B = Br + (size_t)s * R * OUT;
             segr[s].A16 = NULL, segr[s].B16 = NULL;
         }
-        for (int v = 0; v < 3; v++) memcpy(Y[v], Y0, sizeof Y0), memset(T[v], 0, sizeof T[v]);
+        for (int v = 0; v < 3; v++) memcpy(Y[v], Y0, ny), memset(T[v], 0, nt);
         k->lora_apply(Y[0], OUT, T[0], R, X, IN, seg, NSEG);
         k->lora_shrink(T[1], R, X, IN, seg, NSEG);
         k->lora_expand(Y[1], OUT, T[1], R, seg, NSEG);
-        cr_assert_eq(memcmp(T[0], T[1], sizeof T[0]), 0, "copies %d: lora_apply's T", copies);
-        cr_assert_eq(memcmp(Y[0], Y[1], sizeof Y[0]), 0, "copies %d: lora_apply's Y", copies);
+        cr_assert_eq(memcmp(T[0], T[1], nt), 0, "copies %d: lora_apply's T", copies);
+        cr_assert_eq(memcmp(Y[0], Y[1], ny), 0, "copies %d: lora_apply's Y", copies);
         if (!copies) {
-            memcpy(Yfp, Y[0], sizeof Yfp);
+            memcpy(Yfp, Y[0], ny);
             continue;
         }
         k->lora_apply(Y[2], OUT, T[2], R, X, IN, segr, NSEG);
@@ -406,9 +412,12 @@ Test(kernel_ops, lora_apply_is_shrink_then_expand) {
         double dmax = 0.0;
         for (int i = 0; i < r1 * OUT; i++) dmax = fmax(dmax, fabs((double)Y[0][i] - Y[2][i]));
         cr_assert_lt(dmax, 1e-5, "bf16 copies vs the rounded fp32 matrices: %.3g", dmax);
-        // the 9-row segment (sgemm) reads the fp32 matrices, copies or not
+        // the segments of 8 rows or more read the fp32 matrices, copies or not
         cr_assert_eq(memcmp(Y[0] + r1 * OUT, Yfp + r1 * OUT, sizeof(float) * (N - r1) * OUT), 0);
         cr_assert_neq(memcmp(Y[0], Yfp, sizeof(float) * r1 * OUT), 0, "the copies hold other values");
     }
+    for (int v = 0; v < 3; v++) free(Y[v]), free(T[v]);
+    free(X), free(Y0), free(Yfp);
     free(A), free(B), free(Ar), free(Br), free(A16), free(B16);
+    kpool_set_threads(threads);
 }
