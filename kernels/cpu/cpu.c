@@ -2180,6 +2180,13 @@ static bool lora_seg_alone(const kern_lora_seg_t *g, int in, int out) {
     return g->n_rows >= LORA_GEMM_MIN_ROWS && (rk * in >= SGEMM_POOL_MIN_MACS || rk * out >= SGEMM_POOL_MIN_MACS);
 }
 
+// A segment of LORA_GEMM_MIN_ROWS rows or more: its shrink and its expand through cpu_gemm.
+static void lora_seg_gemms(const kern_lora_seg_t *g, float *Y, int out, float *T, int ldt, const float *X, int in) {
+    float *t = T + (size_t)g->row0 * ldt;
+    cpu_gemm(false, true, g->n_rows, g->rank, in, 1.0f, X + (size_t)g->row0 * in, in, g->A, in, 0.0f, t, ldt);
+    cpu_gemm(false, false, g->n_rows, out, g->rank, g->scale, t, ldt, g->B, out, 1.0f, Y + (size_t)g->row0 * out, out);
+}
+
 // Both halves of a segment in one chunk: the segment's T rows, still in L1, are expanded as soon
 // as they are made, and the loop is one parallel region instead of two.
 static void apply_chunk(void *c_, size_t lo, size_t hi) {
@@ -2190,10 +2197,7 @@ static void apply_chunk(void *c_, size_t lo, size_t hi) {
             shrink_chunk(c_, s, s + 1);
             expand_chunk(c_, s, s + 1);
         } else if (!lora_seg_alone(g, c->in, c->out)) {
-            cpu_gemm(false, true, g->n_rows, g->rank, c->in, 1.0f, c->X + (size_t)g->row0 * c->in, c->in, g->A, c->in,
-                     0.0f, c->T + (size_t)g->row0 * c->ldt, c->ldt);
-            cpu_gemm(false, false, g->n_rows, c->out, g->rank, g->scale, c->T + (size_t)g->row0 * c->ldt, c->ldt, g->B,
-                     c->out, 1.0f, c->Y + (size_t)g->row0 * c->out, c->out);
+            lora_seg_gemms(g, c->Y, c->out, c->T, c->ldt, c->X, c->in);
         }
     }
 }
@@ -2204,11 +2208,7 @@ static void cpu_lora_apply(float *Y, int out, float *T, int ldt, const float *X,
     for (int s = 0; s < n_seg; s++) {
         const kern_lora_seg_t *g = &seg[s];
         if (lora_seg_alone(g, in, out)) {
-            // large enough to share: its products on the pool, one after the other
-            cpu_gemm(false, true, g->n_rows, g->rank, in, 1.0f, X + (size_t)g->row0 * in, in, g->A, in, 0.0f,
-                     T + (size_t)g->row0 * ldt, ldt);
-            cpu_gemm(false, false, g->n_rows, out, g->rank, g->scale, T + (size_t)g->row0 * ldt, ldt, g->B, out, 1.0f,
-                     Y + (size_t)g->row0 * out, out);
+            lora_seg_gemms(g, Y, out, T, ldt, X, in);   // large enough to share: on the pool
         } else {
             rest++;
         }
