@@ -10,6 +10,14 @@
 // (shared_cores) with the other processes as the real services' steps do.
 //
 //   marlaas-sim-calibrate MODEL_DIR OUT.json
+//   marlaas-sim-calibrate --probe MODEL_DIR OUT.json
+//
+// The machine's speed moves from one minute to the next (a 2-core cloud VM: the same run takes up
+// to a quarter longer, a fit's shapes measured ten seconds apart a fifth), so a fitted device
+// holds the relative costs of the shapes and a moment's speed. --probe measures a few of the
+// shapes again (a third of a second) and prints the machine's speed now against OUT.json's device:
+// "speed S", S = the geometric mean of modelled / measured over the probe's shapes (S < 1: slower
+// than the device). bench/sim_calibrate.sh scales the device by it for a run measured then.
 //
 // One engine thread (MARLAAS_THREADS=1), as the services of a local cluster run.
 #include <math.h>
@@ -246,19 +254,73 @@ static double fit_error(const sim_device_t *d, const hf_config_t *mc, bool print
     return e;
 }
 
+// The probe: shapes of the fit that measure in a third of a second, decode, prefill and training.
+static void probe_shapes(rl_runtime_t *rt) {
+    decode_shape(rt, 128, 14, 1, "decode 128 rows, 1 adapter");
+    prefill_shape(rt, 64, 12, 4, "prefill 64 x 12, 4 adapters");
+    train_shape(rt, 16, 8, 14, 2, 1, "train 16 x 8, 14 + 2, 1 adapter");
+    train_shape(rt, 32, 8, 14, 4, 2, "train 32 x 8, 14 + 4, 2 adapters");
+}
+
+static void add_adapters(rl_runtime_t *rt) {
+    char err[ERR_LEN];
+    peft_config_t pc = {.r = 8, .alpha = 16, .targets = LORA_ALL_TARGETS};
+    for (int a = 0; a < 8; a++) {
+        lora_t *ad = lora_new(&rt->model->cfg, &pc, rt->model->k, 100 + a, err);
+        if (!ad || lora_pool_set(rt->pool, a, &ad, err)) {
+            fprintf(stderr, "%s\n", err);
+            exit(1);
+        }
+    }
+}
+
+// --probe: the probe's shapes against the fitted device of fit_path.
+static int probe(rl_runtime_t *rt, const char *fit_path) {
+    char err[ERR_LEN];
+    setenv("MARLAAS_SIM_PARAMS", fit_path, 1);
+    sim_opts_t o = {.scale = 1};
+    sim_t *sim = sim_open("cpu-measured", &rt->model->cfg, &o, err);
+    if (!sim) {
+        fprintf(stderr, "%s: %s (write it with marlaas-sim-calibrate MODEL_DIR %s)\n", fit_path, err, fit_path);
+        return 1;
+    }
+    probe_shapes(rt);
+    double sum = 0;
+    for (int i = 0; i < n_shapes; i++) {
+        const shape_t *sh = &shapes[i];
+        double p = sim_cost(sim, sh->q, sh->n, sh->mode, sh->n_adapters, sh->params);
+        printf("  %-34s measured %9.1f us  modelled %9.1f us  %+6.1f %%\n", sh->name, sh->measured * 1e6, p * 1e6,
+               100 * (p / sh->measured - 1));
+        sum += log(p / sh->measured);
+    }
+    printf("speed %.4f\n", exp(sum / n_shapes));
+    sim_close(&sim);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: marlaas-sim-calibrate MODEL_DIR OUT.json\n");
+    bool probing = argc == 4 && !strcmp(argv[1], "--probe");
+    if (!probing && argc != 3) {
+        fprintf(stderr, "usage: marlaas-sim-calibrate MODEL_DIR OUT.json\n"
+                        "       marlaas-sim-calibrate --probe MODEL_DIR OUT.json\n");
         return 2;
     }
+    const char *model_dir = argv[probing ? 2 : 1];
     util_threads_init();
     char err[ERR_LEN];
-    bench_machine();
+    if (!probing) bench_machine();
     rl_runtime_cfg_t cfg = {.n_slots = 8, .max_seqs = 1024};
-    rl_runtime_t *rt = rl_runtime_open(argv[1], &cfg, err);
+    rl_runtime_t *rt = rl_runtime_open(model_dir, &cfg, err);
     if (!rt) {
         fprintf(stderr, "%s\n", err);
         return 1;
+    }
+    if (probing) {
+        add_adapters(rt);
+        int rc = probe(rt, argv[3]);
+        for (int i = 0; i < n_shapes; i++) free(shapes[i].q);
+        rl_runtime_close(&rt);
+        return rc;
     }
     // the read bandwidth of a working set of the model's weights (twice, at least 64 KiB): a
     // model that fits in the caches streams from them, not from memory
@@ -268,14 +330,7 @@ int main(int argc, char **argv) {
     printf("measured: sgemm %.1f GFLOP/s, read bandwidth %.1f GB/s over %.0f KiB (the weights, twice), %.1f GB/s from memory "
            "(%d thread)\n", flops / 1e9, bw / 1e9, wbytes / 1024.0, dram / 1e9, util_threads());
     const hf_config_t *mc = &rt->model->cfg;
-    peft_config_t pc = {.r = 8, .alpha = 16, .targets = LORA_ALL_TARGETS};
-    for (int a = 0; a < 8; a++) {
-        lora_t *ad = lora_new(mc, &pc, rt->model->k, 100 + a, err);
-        if (!ad || lora_pool_set(rt->pool, a, &ad, err)) {
-            fprintf(stderr, "%s\n", err);
-            return 1;
-        }
-    }
+    add_adapters(rt);
     // shapes of the benchmark's services on this model: decode and prefill steps of one to several
     // jobs' groups, training passes of one to four jobs' steps (16 prompts x 8 samples of a dozen
     // tokens each)

@@ -8,8 +8,12 @@
 # real run's mean completion length and variance (from the trainer's per-step token counts;
 # CAL_SIGMA sets the lognormal's sigma instead); CAL_REPEAT (2) pairs of runs
 # per N, in turn, and the means of each side (a run's time moves by up to 25 % from one to the
-# next on this machine). Writes OUT/sim_calibration.csv (measured and predicted end-to-end time and
-# busy fractions) and OUT/sim_calibration_device.csv.
+# next on this machine). The machine's speed moves too (the fit's own shapes, measured ten seconds
+# apart, by a fifth): the probe (a third of a second of four of the fit's shapes) is measured just
+# before and just after each computed run, and the simulated run gets the fitted device at the
+# speed of that run (its rates times the geometric mean of the two probes' modelled / measured, the
+# column speed: the mean over the runs, 1 = the fit's). Writes OUT/sim_calibration.csv (measured
+# and predicted end-to-end time and busy fractions) and OUT/sim_calibration_device.csv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$1 WORK=$2
@@ -18,6 +22,8 @@ D=$WORK/calibration
 rm -rf "$D"
 mkdir -p "$D"
 MARLAAS_THREADS=1 build/bin/marlaas-sim-calibrate models/micro "$D/cpu_params.json" | tee "$D/device.log" >&2
+# the machine's speed now against the fit's (marlaas-sim-calibrate --probe)
+speed() { MARLAAS_THREADS=1 build/bin/marlaas-sim-calibrate --probe models/micro "$D/cpu_params.json" | tee -a "$D/probe.log" | awk '$1 == "speed" {print $2}'; }
 python3 - "$D/cpu_params.json" > "$OUT/sim_calibration_device.csv" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))["devices"]["cpu-measured"]
@@ -28,7 +34,7 @@ EOF
 # the benchmark's jobs (bench/run.sh), fewer steps
 export MODEL=models/micro STEPS=$CAL_STEPS PROMPTS=16 GROUP=8 TEMP=1.3 LR=0.003 EVAL_N=100 TENANTS=4
 export TASKS="vowels wrap rep csort pad len add1 sub1 mul1 inc pal cmp parity issort count mod xor words max min paren upper rev mul21 second sub2 dsum dedup calc twice spread add2"
-echo "n,policy,real_s,pred_s,real_roll,pred_roll,real_train,pred_train,mean_len" > "$OUT/sim_calibration.csv"
+echo "n,policy,real_s,pred_s,real_roll,pred_roll,real_train,pred_train,mean_len,speed" > "$OUT/sim_calibration.csv"
 field() { awk -F, -v c="$2" 'NR == 1 {for (i = 1; i <= NF; i++) if ($i == c) k = i} NR == 2 {print $k}' "$1"; }
 # the mean of a field over the runs LABEL-r1 .. LABEL-rR (each run's run.csv)
 mean_of() {
@@ -43,12 +49,31 @@ for n in $CAL_N; do
     # about the same work per run: 400 / N steps per job, at least CAL_STEPS
     STEPS=$(( 400 / n > CAL_STEPS ? 400 / n : CAL_STEPS ))
     export STEPS
+    speeds=""
     for rep in $(seq 1 "$CAL_REPEAT"); do
         # computed, then simulated, in turn: a slow spell of the machine falls on both
         # one trainer lane, as the simulated trainer models it (marlaas up gives a CPU trainer one
         # per core)
+        s0=$(speed)
         LANES=1 LABEL=real-n$n-r$rep bash bench/e2e.sh async "$n" "$D" > "$D/real-n$n-r$rep.log" 2>&1
         mv "$D/real-n$n-r$rep-n$n" "$D/real-n$n-r$rep"
+        s1=$(speed)
+        # the fitted device at the run's speed: every rate times it, every overhead over it
+        sp=$(python3 - "$D/cpu_params.json" "$D/cpu_params-n$n-r$rep.json" "$s0" "$s1" <<'EOF'
+import json, math, sys
+p = json.load(open(sys.argv[1]))
+s = math.sqrt(float(sys.argv[3]) * float(sys.argv[4]))
+d = p["devices"]["cpu-measured"]
+d["flops"] *= s
+d["bandwidth"] *= s
+d["launch_us"] /= s
+d["step_overhead_us"] /= s
+d["source"] += f"; at the speed probed around a run, {s:.4f} of the fit's"
+json.dump(p, open(sys.argv[2], "w"), indent=1)
+print(f"{s:.4f}")
+EOF
+)
+        speeds="$speeds $sp"
         # the real completions' length distribution, from the trainer's step lines (gen_tokens of
         # PROMPTS x GROUP samples): the mean, and the variance of one sample (within a job, the
         # variance of a step's sum over its samples, plus the variance of the jobs' means); the
@@ -68,11 +93,11 @@ within = sum(sum((x - means[j]) ** 2 for x in v) * S for j, v in per.items()) / 
 between = sum(len(per[j]) * (means[j] - m) ** 2 for j in per) / sum(len(v) for v in per.values())
 sg = float(fixed) if fixed else min(4.0, math.sqrt(math.log(1 + (within + between) / (m * m))))
 print(f"{m:.3f} {max(1.0, m / math.exp(sg * sg / 2)):.3f} {sg:.3f}")' $((PROMPTS * GROUP)) "${CAL_SIGMA:-}")
-        echo "N=$n run $rep: completions of mean $m tokens, lognormal median $med sigma $sg" >&2
-        MARLAAS_BACKEND=sim:cpu-measured MARLAAS_SIM_PARAMS="$(realpath "$D/cpu_params.json")" MARLAAS_SIM_SCALE=1 \
+        echo "N=$n run $rep: completions of mean $m tokens, lognormal median $med sigma $sg; speed $s0 before, $s1 after" >&2
+        MARLAAS_BACKEND=sim:cpu-measured MARLAAS_SIM_PARAMS="$(realpath "$D/cpu_params-n$n-r$rep.json")" MARLAAS_SIM_SCALE=1 \
             MARLAAS_SIM_LENGTHS="lognormal:$med,$sg" LABEL=sim-n$n-r$rep bash bench/e2e.sh async "$n" "$D" > "$D/sim-n$n-r$rep.log" 2>&1
         mv "$D/sim-n$n-r$rep-n$n" "$D/sim-n$n-r$rep"
     done
-    echo "$n,async,$(mean_of real-n$n wall_s),$(mean_of sim-n$n wall_s),$(mean_of real-n$n roll_busy),$(mean_of sim-n$n roll_busy),$(mean_of real-n$n train_busy),$(mean_of sim-n$n train_busy),$m" >> "$OUT/sim_calibration.csv"
+    echo "$n,async,$(mean_of real-n$n wall_s),$(mean_of sim-n$n wall_s),$(mean_of real-n$n roll_busy),$(mean_of sim-n$n roll_busy),$(mean_of real-n$n train_busy),$(mean_of sim-n$n train_busy),$m,$(echo "$speeds" | awk '{t = 0; for (i = 1; i <= NF; i++) t += $i; printf "%.4f", t / NF}')" >> "$OUT/sim_calibration.csv"
     tail -n 1 "$OUT/sim_calibration.csv" >&2
 done

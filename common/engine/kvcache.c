@@ -49,13 +49,11 @@ static bool mul_fits(size_t a, size_t b, size_t limit, size_t *out) {
 // The pool may be many GiB and its size comes from configuration, so running out of memory
 // here is a reportable error rather than an abort.
 static float *pool_alloc(size_t n_floats) {
-    size_t bytes = n_floats * sizeof(float);
-    bytes = (bytes + 63) & ~(size_t)63;
-    float *p = aligned_alloc(64, bytes);
-    // Zeroing commits the pages now, so an oversized pool fails at start-up instead of at
-    // some later page fault, and never-written rows read as zeros rather than garbage.
-    if (p) memset(p, 0, bytes);
-    return p;
+    // Zeroed (kernels_host_alloc): the pages are committed now, so an oversized pool fails at
+    // start-up instead of at some later page fault, and never-written rows read as zeros rather
+    // than garbage.
+    if (n_floats > SIZE_MAX / sizeof(float)) return NULL;
+    return kernels_host_alloc(n_floats * sizeof(float));
 }
 
 kvcache_t *kvcache_new(int n_layers, int kv_dim, int block_size, int n_blocks, int max_seqs, char *err) {

@@ -42,14 +42,11 @@
 // --- memory --------------------------------------------------------------------------------
 
 static void *cpu_alloc(size_t bytes) {
-    size_t n = (bytes + 63) & ~(size_t)63;
-    if (n == 0) n = 64;
-    void *p = aligned_alloc(64, n);
+    void *p = kernels_host_alloc(bytes);
     if (!p) {
         fprintf(stderr, "FATAL out of memory allocating %zu bytes at %s:%d\n", bytes, __FILE__, __LINE__);
         abort();
     }
-    memset(p, 0, n);
     return p;
 }
 

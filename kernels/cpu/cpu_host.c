@@ -11,11 +11,35 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "kernels/cpu/cpu_variants.h"
 #include "kernels/kernels.h"
+
+// --- host memory ----------------------------------------------------------------------------
+
+#define HUGE_PAGE ((size_t)2 << 20)
+#define HUGE_MIN ((size_t)4 << 20)
+
+void *kernels_host_alloc(size_t bytes) {
+    size_t n = (bytes + 63) & ~(size_t)63;
+    if (n == 0) n = 64;
+    if (n < bytes) return NULL;   // wrapped
+    void *p;
+    if (n >= HUGE_MIN) {
+        size_t h = (n + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+        if (h < n) return NULL;
+        p = aligned_alloc(HUGE_PAGE, h);
+        // a hint: where the kernel has no huge page to give, the range faults in 4 KiB pages
+        if (p) (void)madvise(p, h, MADV_HUGEPAGE), n = h;
+    } else {
+        p = aligned_alloc(64, n);
+    }
+    if (p) memset(p, 0, n);
+    return p;
+}
 
 // --- OpenBLAS's kernel set -------------------------------------------------------------------
 // OpenBLAS picks its kernels from the CPU's family and model when the library loads. A model its
