@@ -2,6 +2,9 @@
 // references, and its batched sampling op (sample) against common/engine/sampler.c's
 // sampler_sample, which it must reproduce exactly given the same uniform draw.
 #include <criterion/criterion.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -420,4 +423,47 @@ Test(kernel_ops, lora_apply_is_shrink_then_expand) {
     free(X), free(Y0), free(Yfp);
     free(A), free(B), free(Ar), free(Br), free(A16), free(B16);
     kpool_set_threads(threads);
+}
+
+// The VmFlags line of the mapping of /proc/self/smaps that holds p ("" when none is found).
+static void vm_flags_of(const void *p, char *out, size_t n) {
+    out[0] = 0;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return;
+    char line[512];
+    bool inside = false;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        } else if (inside && !strncmp(line, "VmFlags:", 8)) {
+            snprintf(out, n, "%s", line + 8);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+// Host memory: zero-filled every time (a block freed dirty and handed out again included), 64-byte
+// aligned, large blocks on 2 MiB boundaries and advised as huge pages; sizes that wrap are refused.
+Test(kernel_ops, host_alloc_zeroed_aligned_huge) {
+    const size_t sizes[] = {1, 100, (4u << 20) + 3, (9u << 20) + 100};
+    for (int round = 0; round < 2; round++)
+        for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+            unsigned char *p = kernels_host_alloc(sizes[i]);
+            cr_assert_not_null(p);
+            cr_assert_eq((uintptr_t)p % 64, 0);
+            if (sizes[i] >= (4u << 20)) cr_assert_eq((uintptr_t)p % (2u << 20), 0, "%zu bytes at %p", sizes[i], (void *)p);
+            for (size_t j = 0; j < sizes[i]; j++)
+                if (p[j]) cr_assert_fail("byte %zu of %zu is %d (round %d)", j, sizes[i], p[j], round);
+            if (sizes[i] >= (4u << 20) && access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0) {
+                char flags[512];
+                vm_flags_of(p + sizes[i] / 2, flags, sizeof flags);
+                cr_assert(strstr(flags, " hg"), "the block's mapping is not advised as huge pages: VmFlags:%s", flags);
+            }
+            memset(p, 0xa5, sizes[i]);   // freed dirty: the next round must get zeros again
+            free(p);
+        }
+    cr_assert_null(kernels_host_alloc(SIZE_MAX - 10));
+    cr_assert_null(kernels_host_alloc(SIZE_MAX - (1u << 20)));
 }
