@@ -284,6 +284,10 @@ static int probe(rl_runtime_t *rt, const char *fit_path) {
         fprintf(stderr, "%s: %s (write it with marlaas-sim-calibrate MODEL_DIR %s)\n", fit_path, err, fit_path);
         return 1;
     }
+    // a round to warm the process (its first steps fault the weights and the buffers in), then the probe
+    probe_shapes(rt);
+    for (int i = 0; i < n_shapes; i++) free(shapes[i].q);
+    n_shapes = 0;
     probe_shapes(rt);
     double sum = 0;
     for (int i = 0; i < n_shapes; i++) {

@@ -22,8 +22,16 @@ D=$WORK/calibration
 rm -rf "$D"
 mkdir -p "$D"
 MARLAAS_THREADS=1 build/bin/marlaas-sim-calibrate models/micro "$D/cpu_params.json" | tee "$D/device.log" >&2
-# the machine's speed now against the fit's (marlaas-sim-calibrate --probe)
-speed() { MARLAAS_THREADS=1 build/bin/marlaas-sim-calibrate --probe models/micro "$D/cpu_params.json" | tee -a "$D/probe.log" | awk '$1 == "speed" {print $2}'; }
+# the machine's speed now against the fit's (marlaas-sim-calibrate --probe), once the last run's
+# processes have gone (at most 3 s until no other task is runnable: /proc/loadavg)
+speed() {
+    local i
+    for i in $(seq 30); do
+        [ "$(awk '{split($4, r, "/"); print r[1]}' /proc/loadavg)" -le 1 ] && break
+        sleep 0.1
+    done
+    MARLAAS_THREADS=1 build/bin/marlaas-sim-calibrate --probe models/micro "$D/cpu_params.json" | tee -a "$D/probe.log" | awk '$1 == "speed" {print $2}'
+}
 python3 - "$D/cpu_params.json" > "$OUT/sim_calibration_device.csv" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))["devices"]["cpu-measured"]
