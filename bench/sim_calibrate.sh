@@ -9,10 +9,10 @@
 # CAL_SIGMA sets the lognormal's sigma instead); CAL_REPEAT (2) pairs of runs
 # per N, in turn, and the means of each side (a run's time moves by up to 25 % from one to the
 # next on this machine). The machine's speed moves too (the fit's own shapes, measured ten seconds
-# apart, by a fifth): the probe (a third of a second of four of the fit's shapes) is measured just
-# before and just after each computed run, and the simulated run gets the fitted device at the
-# speed of that run (its rates times the geometric mean of the two probes' modelled / measured, the
-# column speed: the mean over the runs, 1 = the fit's). Writes OUT/sim_calibration.csv (measured
+# apart, by a fifth): the probe (a third of a second of four of the fit's shapes, modelled /
+# measured) is measured just before and just after each computed run, and the simulated run gets
+# the fitted device at the median speed of every probe so far (the column speed: the mean of those
+# medians over the runs of N, 1 = the fit's). Writes OUT/sim_calibration.csv (measured
 # and predicted end-to-end time and busy fractions) and OUT/sim_calibration_device.csv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +43,7 @@ EOF
 export MODEL=models/micro STEPS=$CAL_STEPS PROMPTS=16 GROUP=8 TEMP=1.3 LR=0.003 EVAL_N=100 TENANTS=4
 export TASKS="vowels wrap rep csort pad len add1 sub1 mul1 inc pal cmp parity issort count mod xor words max min paren upper rev mul21 second sub2 dsum dedup calc twice spread add2"
 echo "n,policy,real_s,pred_s,real_roll,pred_roll,real_train,pred_train,mean_len,speed" > "$OUT/sim_calibration.csv"
+probes="$(speed) $(speed)"   # two just after the fit
 field() { awk -F, -v c="$2" 'NR == 1 {for (i = 1; i <= NF; i++) if ($i == c) k = i} NR == 2 {print $k}' "$1"; }
 # the mean of a field over the runs LABEL-r1 .. LABEL-rR (each run's run.csv)
 mean_of() {
@@ -66,17 +67,20 @@ for n in $CAL_N; do
         LANES=1 LABEL=real-n$n-r$rep bash bench/e2e.sh async "$n" "$D" > "$D/real-n$n-r$rep.log" 2>&1
         mv "$D/real-n$n-r$rep-n$n" "$D/real-n$n-r$rep"
         s1=$(speed)
-        # the fitted device at the run's speed: every rate times it, every overhead over it
-        sp=$(python3 - "$D/cpu_params.json" "$D/cpu_params-n$n-r$rep.json" "$s0" "$s1" <<'EOF'
-import json, math, sys
+        probes="$probes $s0 $s1"
+        # the fitted device at the machine's speed: every rate times it, every overhead over it; the
+        # speed is the median of every probe so far (one probe moves by a tenth, now and then by a
+        # quarter: 0.3 s of a VM that a neighbour slows)
+        sp=$(python3 - "$D/cpu_params.json" "$D/cpu_params-n$n-r$rep.json" $probes <<'EOF'
+import json, statistics, sys
 p = json.load(open(sys.argv[1]))
-s = math.sqrt(float(sys.argv[3]) * float(sys.argv[4]))
+s = statistics.median(float(x) for x in sys.argv[3:])
 d = p["devices"]["cpu-measured"]
 d["flops"] *= s
 d["bandwidth"] *= s
 d["launch_us"] /= s
 d["step_overhead_us"] /= s
-d["source"] += f"; at the speed probed around a run, {s:.4f} of the fit's"
+d["source"] += f"; at the machine's speed probed so far (median), {s:.4f} of the fit's"
 json.dump(p, open(sys.argv[2], "w"), indent=1)
 print(f"{s:.4f}")
 EOF
