@@ -100,9 +100,11 @@ if cal:
     L += ["## Calibration: the simulator with the `cpu` device against real CPU runs", "",
           "The same cluster and jobs on `models/micro` (real tasks, the benchmark's settings), once computed on "
           "this CPU and once simulated with the `cpu` device whose figures were measured in the same run "
-          "(time scale 1: every real overhead is the same in both). Predicted = simulated.", "",
-          "| N | policy | measured time (s) | predicted (s) | error | rollout busy measured / predicted | trainer busy measured / predicted | worst error |",
-          "|---|---|---|---|---|---|---|---|"]
+          "(time scale 1: every real overhead is the same in both), at the machine's speed probed around the "
+          "computed runs (speed: the median of the probes so far against the fitted device, 1 = the fit's; "
+          "`marlaas-sim-calibrate --probe`). Predicted = simulated.", "",
+          "| N | policy | measured time (s) | predicted (s) | error | rollout busy measured / predicted | trainer busy measured / predicted | worst error | speed |",
+          "|---|---|---|---|---|---|---|---|---|"]
     worst = 0.0
     for r in cal:
         e_t = abs(float(r["pred_s"]) - float(r["real_s"])) / float(r["real_s"])
@@ -112,7 +114,8 @@ if cal:
         worst = max(worst, w)
         L.append(f"| {r['n']} | {r['policy']} | {f(r['real_s'])} | {f(r['pred_s'])} | {100 * e_t:.1f} % | "
                  f"{100 * float(r['real_roll']):.1f} / {100 * float(r['pred_roll']):.1f} % | "
-                 f"{100 * float(r['real_train']):.1f} / {100 * float(r['pred_train']):.1f} % | {100 * w:.1f} % |")
+                 f"{100 * float(r['real_train']):.1f} / {100 * float(r['pred_train']):.1f} % | {100 * w:.1f} % | "
+                 f"{f(r['speed'], 2) if r.get('speed') else '-'} |")
     dev = [r for r in rows("sim_calibration_device.csv")]
     if dev:
         L += ["", "Measured `cpu` device: " + ", ".join(f"{d['key']} = {d['value']}" for d in dev)]
