@@ -106,10 +106,16 @@ static inline double bench_read_gbs_of(const float *a, size_t n, int threads, do
     return best;
 }
 
-// A buffer of bench_read_buffer_bytes() for bench_read_gbs_of (n floats; free it).
+// A buffer of bench_read_buffer_bytes() for bench_read_gbs_of (n floats; free it), in the pages the
+// weights it is compared with live in (kernels_host_alloc: transparent huge pages; in 4 KiB pages
+// the same read runs slower on a VM, where each TLB miss walks two page tables).
 static inline float *bench_read_buffer(size_t *n) {
     *n = bench_read_buffer_bytes() / sizeof(float) / 64 * 64;
-    float *a = falloc(*n);
+    float *a = kernels_host_alloc(*n * sizeof(float));
+    if (!a) {
+        fprintf(stderr, "bench: cannot allocate the read buffer (%zu bytes)\n", *n * sizeof(float));
+        exit(1);
+    }
     for (size_t i = 0; i < *n; i++) a[i] = (float)(i & 7);
     return a;
 }
