@@ -1859,65 +1859,103 @@ static void cpu_attn_fwd(float *out, float *lse, const float *q, const float *k,
 //   P_tj = exp(s_tj - lse_t), dP_tj = dout_t . v_j, D_t = dout_t . out_t,
 //   dS_tj = P_tj (dP_tj - D_t), dq_t = scale sum_j dS_tj k_j,
 //   dk_j += scale dS_tj q_t, dv_j += P_tj dout_t.
-// One (query t, key j) term of it, for one head, given P_tj; qh, doh, dqh belong to t, kj, vj,
-// dkj, dvj to j.
-static inline __attribute__((always_inline)) void attn_bwd_pair(float *restrict dqh, float *restrict dkj,
-                                                                float *restrict dvj, const float *qh,
-                                                                const float *doh, const float *kj, const float *vj,
-                                                                float P, float D, float scale, int hd) {
-    float dP = dot(doh, vj, hd);
-    float dS = P * (dP - D) * scale;
-    for (int d = 0; d < hd; d++) {
-        dqh[d] += dS * kj[d];
-        dkj[d] += dS * qh[d];
-        dvj[d] += P * doh[d];
+// Computed per query row against all of its keys at once: the keys (prefix rows first, then the
+// sequence's own) are copied transposed into a panel, so that the dot products of one query row
+// with 16 keys are 16 lanes of one vector, and dq, dk and dv are updated a vector of head_dim at a
+// time. Every sum keeps the order of additions of the one-pair-at-a-time form it replaces (dot(),
+// then dq over the keys in order, dk and dv over the queries in order): the same bits.
+
+// Lanes of dot()'s partial sums as this variant compiles it: its `omp simd` reduction keeps
+// DOT_LANES sums, lane l adding a[l] b[l], a[l + DOT_LANES] b[l + DOT_LANES], ... of the whole
+// blocks of DOT_LANES elements, then the elements after the last whole block into lane 0, and
+// returns 0 + lane 0 + lane 1 + ... in that order.
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+#define DOT_LANES 16
+#elif KERN_CPU_ISA == KERN_CPU_ISA_AVX2
+#define DOT_LANES 8
+#else
+#define DOT_LANES 4
+#endif
+#define PANEL_COLS 16
+
+// out[c] = dot(x, column c of T) for c in [0, n), T holding hd rows of ld floats (ld a multiple of
+// PANEL_COLS, every column below it finite): each column's sum in dot()'s order (DOT_LANES).
+typedef float panel_v __attribute__((vector_size(PANEL_COLS * sizeof(float)), aligned(4), may_alias));
+static void dots_cols(float *restrict out, const float *restrict x, const float *restrict T, size_t ld, int hd,
+                      int n) {
+    int whole = hd / DOT_LANES * DOT_LANES;
+    for (int c0 = 0; c0 < n; c0 += PANEL_COLS) {
+        panel_v sum = {0};
+        for (int l = 0; l < DOT_LANES; l++) {
+            panel_v lane = {0};
+            for (int i = l; i < whole; i += DOT_LANES) lane = lane + x[i] * *(const panel_v *)(T + (size_t)i * ld + c0);
+            if (l == 0)
+                for (int i = whole; i < hd; i++) lane = lane + x[i] * *(const panel_v *)(T + (size_t)i * ld + c0);
+            sum = sum + lane;
+        }
+        int m = n - c0 < PANEL_COLS ? n - c0 : PANEL_COLS;
+        if (m == PANEL_COLS) *(panel_v *)(out + c0) = sum;
+        else
+            for (int c = 0; c < m; c++) out[c0 + c] = sum[c];
     }
 }
 
-// P_tj = exp(s_tj - lse_t) of query row qh against n key rows (row r of the keys at k + row(r)),
-// into P: the scores first, then their exponentials in one vector pass (exp_rows).
-static inline __attribute__((always_inline)) void attn_probs(float *restrict P, const float *qh, const float *k,
-                                                             size_t row0, size_t stride, int n, int hd, float scale,
-                                                             float L) {
-    for (int j = 0; j < n; j++) P[j] = dot(qh, k + (row0 + (size_t)j) * stride, hd) * scale - L;
-    exp_rows(P, P, n);
-}
-
-// Backward of sequence s for kv head kh when s has pre_len[s] prefix rows: its queries' dq, and
-// dk/dv of its own rows and of its prefix rows (accumulated).
-static void attn_bwd_prefixed(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                              const float *q, const float *k, const float *v, const kern_packed_attn_t *a, int s,
-                              int kh) {
-    int H = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = H / KV, kvd = KV * hd;
+// Backward of sequence s for kv head kh: its queries' dq, and dk/dv of its own rows and of its np
+// prefix rows from pbase (np = 0: none), accumulated.
+static void attn_bwd_seq(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                         const float *q, const float *k, const float *v, const kern_packed_attn_t *a, int s, int kh,
+                         int np, size_t pbase) {
+    int H = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = H / KV, kvd = KV * hd, len = a->len[s];
     float scale = 1.0f / sqrtf((float)hd);
-    size_t base = (size_t)a->start[s], pbase = (size_t)a->pre_start[s], koff = (size_t)kh * hd;
-    int np = a->pre_len[s];
-    float *P = malloc(sizeof(float) * (size_t)(np + a->len[s] + 1));
-    if (!P) {
+    size_t base = (size_t)a->start[s], koff = (size_t)kh * hd;
+    int nk = np + len;
+    size_t ld = ((size_t)nk + PANEL_COLS - 1) / PANEL_COLS * PANEL_COLS;
+    // Kt, Vt (hd x ld), then P, dP, dS (ld each); the columns past nk zero
+    float *Kt = calloc((size_t)(2 * hd + 3) * ld, sizeof(float));
+    size_t *row = malloc(sizeof(size_t) * (size_t)(nk + 1));
+    if (!Kt || !row) {
         fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
         abort();
     }
+    float *Vt = Kt + (size_t)hd * ld, *P = Vt + (size_t)hd * ld, *dP = P + ld, *dS = dP + ld;
+    for (int c = 0; c < nk; c++) {
+        row[c] = ((c < np ? pbase + (size_t)c : base + (size_t)(c - np)) * (size_t)kvd) + koff;
+        for (int d = 0; d < hd; d++) {
+            Kt[(size_t)d * ld + c] = k[row[c] + d];
+            Vt[(size_t)d * ld + c] = v[row[c] + d];
+        }
+    }
     for (int g = 0; g < grp; g++) {
         int h = kh * grp + g;
-        for (int t = 0; t < a->len[s]; t++) {
+        for (int t = 0; t < len; t++) {
             size_t i = base + t;
-            const float *qh = q + (i * H + h) * hd, *doh = dout + (i * H + h) * hd, *oh = out + (i * H + h) * hd;
-            float *dqh = dq + (i * H + h) * hd;
+            const float *restrict qh = q + (i * H + h) * hd, *restrict doh = dout + (i * H + h) * hd,
+                                  *oh = out + (i * H + h) * hd;
+            float *restrict dqh = dq + (i * H + h) * hd;
             float L = lse[i * H + h];
             float D = dot(doh, oh, hd);
-            attn_probs(P, qh, k + koff, pbase, (size_t)kvd, np, hd, scale, L);
-            attn_probs(P + np, qh, k + koff, base, (size_t)kvd, t + 1, hd, scale, L);
-            for (int j = 0; j < np; j++) {
-                size_t r = (pbase + j) * kvd + koff;
-                attn_bwd_pair(dqh, dk + r, dv + r, qh, doh, k + r, v + r, P[j], D, scale, hd);
-            }
-            for (int j = 0; j <= t; j++) {
-                size_t r = (base + j) * kvd + koff;
-                attn_bwd_pair(dqh, dk + r, dv + r, qh, doh, k + r, v + r, P[np + j], D, scale, hd);
+            int n = np + t + 1;   // the prefix and own rows 0..t
+            dots_cols(P, qh, Kt, ld, hd, n);
+            for (int c = 0; c < n; c++) P[c] = P[c] * scale - L;
+            exp_rows(P, P, np);
+            exp_rows(P + np, P + np, t + 1);
+            dots_cols(dP, doh, Vt, ld, hd, n);
+            for (int c = 0; c < n; c++) dS[c] = P[c] * (dP[c] - D) * scale;
+            for (int c = 0; c < n; c++) {
+                const float *restrict kc = k + row[c];
+                float *restrict dkc = dk + row[c], *restrict dvc = dv + row[c];
+                float ds = dS[c], pc = P[c];
+#pragma omp simd
+                for (int d = 0; d < hd; d++) {
+                    dqh[d] = dqh[d] + ds * kc[d];
+                    dkc[d] = dkc[d] + ds * qh[d];
+                    dvc[d] = dvc[d] + pc * doh[d];
+                }
             }
         }
     }
-    free(P);
+    free(row);
+    free(Kt);
 }
 
 // Row range [lo, hi) that sequence seq writes dk/dv into.
@@ -1998,43 +2036,18 @@ static void attn_bwd_groups_chunk(void *c_, size_t lo, size_t hi) {
     for (size_t it = lo; it < hi; it++) {
         int g = (int)(it / (size_t)KV), kh = (int)(it % (size_t)KV);
         for (int m = c->grp0[g]; m < c->grp0[g + 1]; m++)
-            attn_bwd_prefixed(c->dq, c->dk, c->dv, c->dout, c->out, c->lse, c->q, c->k, c->v, c->a, c->order[m], kh);
+            attn_bwd_seq(c->dq, c->dk, c->dv, c->dout, c->out, c->lse, c->q, c->k, c->v, c->a, c->order[m], kh,
+                         c->a->pre_len[c->order[m]], (size_t)c->a->pre_start[c->order[m]]);
     }
 }
 
 // Items s * KV + kh: sequence s, kv head kh.
 static void attn_bwd_chunk(void *c_, size_t lo, size_t hi) {
     const attn_bwd_t *c = c_;
-    const kern_packed_attn_t *a = c->a;
-    int H = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = H / KV, kvd = KV * hd;
-    const float *q = c->q, *k = c->k, *v = c->v, *dout = c->dout, *out = c->out, *lse = c->lse;
-    float *dq = c->dq, *dk = c->dk, *dv = c->dv, scale = c->scale;
-    for (size_t it = lo; it < hi; it++) {
-        int s = (int)(it / (size_t)KV), kh = (int)(it % (size_t)KV);
-        size_t base = (size_t)a->start[s];
-        size_t koff = (size_t)kh * hd;
-        float *P = malloc(sizeof(float) * (size_t)(a->len[s] + 1));
-        if (!P) {
-            fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
-            abort();
-        }
-        for (int g = 0; g < grp; g++) {
-            int h = kh * grp + g;
-            for (int t = 0; t < a->len[s]; t++) {
-                size_t i = base + t;
-                const float *qh = q + (i * H + h) * hd, *doh = dout + (i * H + h) * hd, *oh = out + (i * H + h) * hd;
-                float *dqh = dq + (i * H + h) * hd;
-                float L = lse[i * H + h];
-                float D = dot(doh, oh, hd);
-                attn_probs(P, qh, k + koff, base, (size_t)kvd, t + 1, hd, scale, L);
-                for (int j = 0; j <= t; j++) {
-                    size_t r = (base + j) * kvd + koff;
-                    attn_bwd_pair(dqh, dk + r, dv + r, qh, doh, k + r, v + r, P[j], D, scale, hd);
-                }
-            }
-        }
-        free(P);
-    }
+    int KV = c->a->n_kv_heads;
+    for (size_t it = lo; it < hi; it++)
+        attn_bwd_seq(c->dq, c->dk, c->dv, c->dout, c->out, c->lse, c->q, c->k, c->v, c->a, (int)(it / (size_t)KV),
+                     (int)(it % (size_t)KV), 0, 0);
 }
 
 // Parallel over (sequence, kv head) so that every thread owns the dk/dv rows it writes; with
