@@ -1729,14 +1729,51 @@ static void cpu_glu_bwd(float *dg, float *du, const float *dh, const float *g, c
             &c);
 }
 
-// One query row against ctx key/value rows given by pointer arrays: scores, softmax (two
-// passes over a scratch of ctx floats), weighted sum of values. Returns the log-sum-exp of the
-// scaled scores (saved for the backward pass). restrict lets the value loop vectorise.
+// Lanes of dot()'s partial sums as this variant compiles it: its `omp simd` reduction keeps
+// DOT_LANES sums, lane l adding a[l] b[l], a[l + DOT_LANES] b[l + DOT_LANES], ... of the whole
+// blocks of DOT_LANES elements, then the elements after the last whole block into lane 0, and
+// returns 0 + lane 0 + lane 1 + ... in that order.
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+#define DOT_LANES 16
+#elif KERN_CPU_ISA == KERN_CPU_ISA_AVX2
+#define DOT_LANES 8
+#else
+#define DOT_LANES 4
+#endif
+#define PANEL_COLS 16
+
+// out[c] = dot(x, column c of T) for c in [0, n), T holding hd rows of ld floats (ld a multiple of
+// PANEL_COLS, every column below it finite): each column's sum in dot()'s order (DOT_LANES).
+typedef float panel_v __attribute__((vector_size(PANEL_COLS * sizeof(float)), aligned(4), may_alias));
+static void dots_cols(float *restrict out, const float *restrict x, const float *restrict T, size_t ld, int hd,
+                      int n) {
+    int whole = hd / DOT_LANES * DOT_LANES;
+    for (int c0 = 0; c0 < n; c0 += PANEL_COLS) {
+        panel_v sum = {0};
+        for (int l = 0; l < DOT_LANES; l++) {
+            panel_v lane = {0};
+            for (int i = l; i < whole; i += DOT_LANES) lane = lane + x[i] * *(const panel_v *)(T + (size_t)i * ld + c0);
+            if (l == 0)
+                for (int i = whole; i < hd; i++) lane = lane + x[i] * *(const panel_v *)(T + (size_t)i * ld + c0);
+            sum = sum + lane;
+        }
+        int m = n - c0 < PANEL_COLS ? n - c0 : PANEL_COLS;
+        if (m == PANEL_COLS) *(panel_v *)(out + c0) = sum;
+        else
+            for (int c = 0; c < m; c++) out[c0 + c] = sum[c];
+    }
+}
+
+// One query row against ctx key/value rows: scores, softmax (two passes over a scratch of ctx
+// floats), weighted sum of the value rows given by a pointer array. The scores: with key row
+// pointers kp, dot(q, kp[p]); without (NULL), the caller's in scores (as dot() computes them).
+// Returns the log-sum-exp of the scaled scores (saved for the backward pass). restrict lets the
+// value loop vectorise.
 static float attn_row(float *restrict out, const float *restrict q, const float *const *restrict kp,
                       const float *const *restrict vp, int ctx, int hd, float scale, float *restrict scores) {
     float mx = -INFINITY;
     for (int p = 0; p < ctx; p++) {
-        float s = dot(q, kp[p], hd) * scale;
+        float s = (kp ? dot(q, kp[p], hd) : scores[p]) * scale;
         scores[p] = s;
         mx = s > mx ? s : mx;
     }
@@ -1817,6 +1854,9 @@ static void cpu_attn_paged(float *out, const float *q, const kern_paged_attn_t *
     if (items > 0) kpool_for(items, a->n_tokens > 1 ? (size_t)a->n_kv_heads : 1, attn_paged_chunk, &c);
 }
 
+// Items are sequences. The keys of a (sequence, kv head) are copied transposed into a panel once,
+// then every query row of its heads takes its scores from it 16 at a time (dots_cols: dot()'s
+// bits), where a dot product per (query, key) pair spent most of its time summing its partial sums.
 static void attn_fwd_chunk(void *c_, size_t lo, size_t hi) {
     const attn_t *c = c_;
     const kern_packed_attn_t *a = c->a;
@@ -1824,9 +1864,21 @@ static void attn_fwd_chunk(void *c_, size_t lo, size_t hi) {
     bool pre = a->pre_start && a->pre_len;
     const float *k = c->k, *v = c->v;
     attn_scratch_t sc = scratch_new(a->max_len);
+    int most = 1;
+    for (size_t s = lo; s < hi; s++) {
+        int nk = (pre ? a->pre_len[s] : 0) + a->len[s];
+        most = nk > most ? nk : most;
+    }
+    size_t ld = ((size_t)most + PANEL_COLS - 1) / PANEL_COLS * PANEL_COLS;
+    float *Kt = malloc(sizeof(float) * (size_t)hd * ld);
+    if (!Kt) {
+        fprintf(stderr, "FATAL out of memory at %s:%d\n", __FILE__, __LINE__);
+        abort();
+    }
     for (size_t s = lo; s < hi; s++) {
         // context = the prefix rows (if any), then the sequence's own rows
-        int np = pre ? a->pre_len[s] : 0;
+        int np = pre ? a->pre_len[s] : 0, nk = np + a->len[s];
+        size_t nk16 = ((size_t)nk + PANEL_COLS - 1) / PANEL_COLS * PANEL_COLS;
         for (int kh = 0; kh < a->n_kv_heads; kh++) {
             size_t koff = (size_t)kh * hd, base = (size_t)a->start[s] * kvd + koff;
             for (int p = 0; p < np; p++) {
@@ -1838,14 +1890,21 @@ static void attn_fwd_chunk(void *c_, size_t lo, size_t hi) {
                 sc.kp[np + p] = k + base + (size_t)p * kvd;
                 sc.vp[np + p] = v + base + (size_t)p * kvd;
             }
+            for (int p = 0; p < nk; p++)
+                for (int d = 0; d < hd; d++) Kt[(size_t)d * ld + p] = sc.kp[p][d];
+            for (int d = 0; d < hd; d++)   // the last block's columns past nk: read, never used
+                for (size_t p = (size_t)nk; p < nk16; p++) Kt[(size_t)d * ld + p] = 0.0f;
             for (int t = 0; t < a->len[s]; t++) {
                 size_t i = (size_t)a->start[s] + t;
-                for (int h = kh * grp; h < (kh + 1) * grp; h++)
-                    c->lse[i * H + h] = attn_row(c->out + (i * H + h) * hd, c->q + (i * H + h) * hd, sc.kp, sc.vp,
-                                                 np + t + 1, hd, c->scale, sc.scores);
+                for (int h = kh * grp; h < (kh + 1) * grp; h++) {
+                    dots_cols(sc.scores, c->q + (i * H + h) * hd, Kt, ld, hd, np + t + 1);
+                    c->lse[i * H + h] = attn_row(c->out + (i * H + h) * hd, NULL, NULL, sc.vp, np + t + 1, hd,
+                                                 c->scale, sc.scores);
+                }
             }
         }
     }
+    free(Kt);
     scratch_free(&sc);
 }
 
@@ -1864,41 +1923,6 @@ static void cpu_attn_fwd(float *out, float *lse, const float *q, const float *k,
 // with 16 keys are 16 lanes of one vector, and dq, dk and dv are updated a vector of head_dim at a
 // time. Every sum keeps the order of additions of the one-pair-at-a-time form it replaces (dot(),
 // then dq over the keys in order, dk and dv over the queries in order): the same bits.
-
-// Lanes of dot()'s partial sums as this variant compiles it: its `omp simd` reduction keeps
-// DOT_LANES sums, lane l adding a[l] b[l], a[l + DOT_LANES] b[l + DOT_LANES], ... of the whole
-// blocks of DOT_LANES elements, then the elements after the last whole block into lane 0, and
-// returns 0 + lane 0 + lane 1 + ... in that order.
-#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
-#define DOT_LANES 16
-#elif KERN_CPU_ISA == KERN_CPU_ISA_AVX2
-#define DOT_LANES 8
-#else
-#define DOT_LANES 4
-#endif
-#define PANEL_COLS 16
-
-// out[c] = dot(x, column c of T) for c in [0, n), T holding hd rows of ld floats (ld a multiple of
-// PANEL_COLS, every column below it finite): each column's sum in dot()'s order (DOT_LANES).
-typedef float panel_v __attribute__((vector_size(PANEL_COLS * sizeof(float)), aligned(4), may_alias));
-static void dots_cols(float *restrict out, const float *restrict x, const float *restrict T, size_t ld, int hd,
-                      int n) {
-    int whole = hd / DOT_LANES * DOT_LANES;
-    for (int c0 = 0; c0 < n; c0 += PANEL_COLS) {
-        panel_v sum = {0};
-        for (int l = 0; l < DOT_LANES; l++) {
-            panel_v lane = {0};
-            for (int i = l; i < whole; i += DOT_LANES) lane = lane + x[i] * *(const panel_v *)(T + (size_t)i * ld + c0);
-            if (l == 0)
-                for (int i = whole; i < hd; i++) lane = lane + x[i] * *(const panel_v *)(T + (size_t)i * ld + c0);
-            sum = sum + lane;
-        }
-        int m = n - c0 < PANEL_COLS ? n - c0 : PANEL_COLS;
-        if (m == PANEL_COLS) *(panel_v *)(out + c0) = sum;
-        else
-            for (int c = 0; c < m; c++) out[c0 + c] = sum[c];
-    }
-}
 
 // Backward of sequence s for kv head kh: its queries' dq, and dk/dv of its own rows and of its np
 // prefix rows from pbase (np = 0: none), accumulated.
