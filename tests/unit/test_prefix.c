@@ -37,21 +37,25 @@ typedef struct {
 // Attention backward of the packed layout a (no prefixes) in double, from its definition: for
 // query t of sequence s, head h, P_j = softmax_j(scale q_t . k_j) over j <= t,
 // dS_j = P_j (dout_t . v_j - sum_i P_i dout_t . v_i), dq_t = scale sum_j dS_j k_j,
-// dk_j += scale dS_j q_t, dv_j += P_j dout_t. Largest |difference| from dq, dk, dv into err[3].
+// dk_j += scale dS_j q_t, dv_j += P_j dout_t, and the forward's out_t = sum_j P_j v_j. Largest
+// |difference| from dq, dk, dv and out into err[4].
 static void attn_bwd_reference(const kern_packed_attn_t *a, const float *q, const float *k, const float *v,
-                               const float *dout, const float *dq, const float *dk, const float *dv, double err[3]) {
+                               const float *dout, const float *out, const float *dq, const float *dk, const float *dv,
+                               double err[4]) {
     int H = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, Qd = H * hd, KVd = KV * hd;
     double scale = 1.0 / sqrt((double)hd);
     double *rq = calloc((size_t)a->n_tokens * Qd, sizeof(double)), *rk = calloc((size_t)a->n_tokens * KVd, sizeof(double));
     double *rv = calloc((size_t)a->n_tokens * KVd, sizeof(double)), *P = malloc(sizeof(double) * (size_t)a->max_len);
     double *dP = malloc(sizeof(double) * (size_t)a->max_len);
+    cr_assert_leq(hd, 128);
+    err[3] = 0;
     for (int s = 0; s < a->n_seqs; s++)
         for (int h = 0; h < H; h++) {
             int kh = h / (H / KV);
             for (int t = 0; t < a->len[s]; t++) {
                 size_t i = (size_t)a->start[s] + t;
                 const float *qt = q + i * Qd + (size_t)h * hd, *ot = dout + i * Qd + (size_t)h * hd;
-                double mx = -INFINITY, z = 0, D = 0;
+                double mx = -INFINITY, z = 0, D = 0, o[128] = {0};
                 for (int j = 0; j <= t; j++) {
                     const float *kj = k + ((size_t)a->start[s] + j) * KVd + (size_t)kh * hd;
                     double sc = 0;
@@ -63,10 +67,12 @@ static void attn_bwd_reference(const kern_packed_attn_t *a, const float *q, cons
                 for (int j = 0; j <= t; j++) {
                     const float *vj = v + ((size_t)a->start[s] + j) * KVd + (size_t)kh * hd;
                     P[j] /= z;
+                    for (int d = 0; d < hd; d++) o[d] += P[j] * vj[d];
                     dP[j] = 0;
                     for (int d = 0; d < hd; d++) dP[j] += (double)ot[d] * vj[d];
                     D += P[j] * dP[j];
                 }
+                for (int d = 0; d < hd; d++) err[3] = fmax(err[3], fabs(o[d] - out[i * Qd + (size_t)h * hd + d]));
                 for (int j = 0; j <= t; j++) {
                     size_t r = ((size_t)a->start[s] + j) * KVd + (size_t)kh * hd;
                     double dS = P[j] * (dP[j] - D);
@@ -143,8 +149,9 @@ static void attn_case(int H, int KV, int hd) {
     k->attn_fwd(xout, xlse, xq, xk, xv, &xa);
     k->attn_bwd(xdq, xdk, xdv, xdout, xout, xlse, xq, xk, xv, &xa);
     // the expanded layout against the definition in double
-    double err[3];
-    attn_bwd_reference(&xa, xq, xk, xv, xdout, xdq, xdk, xdv, err);
+    double err[4];
+    attn_bwd_reference(&xa, xq, xk, xv, xdout, xout, xdq, xdk, xdv, err);
+    cr_assert_lt(err[3], 1e-5, "hd %d: out differs from the reference by %g", hd, err[3]);
     cr_assert_lt(err[0], 1e-5, "hd %d: dq differs from the reference by %g", hd, err[0]);
     cr_assert_lt(err[1], 1e-5, "hd %d: dk differs from the reference by %g", hd, err[1]);
     cr_assert_lt(err[2], 1e-5, "hd %d: dv differs from the reference by %g", hd, err[2]);
@@ -477,4 +484,57 @@ Test(prefix, malformed_prefixes_refused) {
     for (int s = 0; s < SLOTS; s++) free(lg[s]);
     free(mg);
     pfx_free(&f);
+}
+
+// The decode path (paged K/V, block tables: a dot product per key) and the training path (packed
+// rows: the CPU backend's scores from a transposed panel of the keys) compute each output row from
+// the same sums in the same order: equal bits, for head sizes of one vector of dot()'s partial sums
+// and less and more, with and without elements after the last whole vector.
+static void paged_case(int H, int KV, int hd) {
+    const kernels_t *k = kernels_cpu();
+    enum { L = 21, BS = 4, NB = (L + BS - 1) / BS };
+    int Qd = H * hd, KVd = KV * hd;
+    rng_t r;
+    rng_seed(&r, 991 + (uint64_t)hd);
+    float *q = malloc(sizeof(float) * L * Qd), *kk = malloc(sizeof(float) * L * KVd);
+    float *v = malloc(sizeof(float) * L * KVd);
+    fill_uniform(q, (size_t)L * Qd, &r);
+    fill_uniform(kk, (size_t)L * KVd, &r);
+    fill_uniform(v, (size_t)L * KVd, &r);
+    // the pool: blocks in reverse order, one spare block first
+    int table[NB];
+    float *kp = calloc((size_t)(NB + 1) * BS * KVd, sizeof(float));
+    float *vp = calloc((size_t)(NB + 1) * BS * KVd, sizeof(float));
+    for (int b = 0; b < NB; b++) table[b] = NB - b;
+    for (int p = 0; p < L; p++) {
+        size_t off = (size_t)table[p / BS] * BS * KVd + (size_t)(p % BS) * KVd;
+        memcpy(kp + off, kk + (size_t)p * KVd, sizeof(float) * KVd);
+        memcpy(vp + off, v + (size_t)p * KVd, sizeof(float) * KVd);
+    }
+    const int *tables[1] = {table};
+    int seq_of[L];
+    int32_t pos[L];
+    for (int i = 0; i < L; i++) seq_of[i] = 0, pos[i] = i;
+    kern_paged_attn_t pa = {.k_base = kp, .v_base = vp, .block_stride = (size_t)BS * KVd, .block_size = BS,
+                            .tables = tables, .seq_of = seq_of, .pos = pos, .n_tokens = L, .n_heads = H,
+                            .n_kv_heads = KV, .head_dim = hd, .max_ctx = L};
+    int start[1] = {0}, len[1] = {L};
+    kern_packed_attn_t a = {.start = start, .len = len, .n_seqs = 1, .n_tokens = L, .n_heads = H, .n_kv_heads = KV,
+                            .head_dim = hd, .max_len = L};
+    float *o1 = malloc(sizeof(float) * L * Qd), *o2 = malloc(sizeof(float) * L * Qd);
+    float *lse = malloc(sizeof(float) * L * H);
+    k->attn_paged(o1, q, &pa);
+    k->attn_fwd(o2, lse, q, kk, v, &a);
+    for (int i = 0; i < L * Qd; i++)
+        cr_assert(o1[i] == o2[i], "hd %d: element %d: paged %.9g, packed %.9g", hd, i, o1[i], o2[i]);
+    free(q), free(kk), free(v), free(kp), free(vp), free(o1), free(o2), free(lse);
+}
+
+Test(prefix, paged_attention_matches_packed_bits) {
+    paged_case(4, 2, 8);
+    paged_case(4, 2, 16);
+    paged_case(2, 1, 20);
+    paged_case(4, 2, 32);
+    paged_case(2, 2, 37);
+    paged_case(4, 1, 64);
 }
