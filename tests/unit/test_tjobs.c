@@ -425,9 +425,10 @@ Test(tjobs, a_task_delivered_twice_is_used_once) {
 
 // --- a publish whose reply is lost --------------------------------------------------------------
 
-// A TCP relay in front of the test's redis-server that, once armed, forwards the next command
-// holding "EVAL" or "EXEC" (a script or a transaction) and Redis's answer to it never: it closes the client's connection instead, as a
-// network cut or a killed Redis between the command's effect and its reply would.
+// A TCP relay in front of the test's redis-server that, once armed, forwards the next transaction
+// (the chunk holding its "EXEC": the publish's MULTI ... EXEC) and Redis's answer to it never: it
+// closes the client's connection instead, as a network cut or a killed Redis between the
+// transaction's effect and its reply would.
 typedef struct {
     int lfd, port;
     volatile int armed, cut, stop;
@@ -468,7 +469,7 @@ static void *relay_run(void *arg) {
             ssize_t got;
             if (p[0].revents) {
                 if (relay_pump(c, s, buf, sizeof buf, &got)) break;
-                if (rl->armed && (memmem(buf, (size_t)got, "EVAL", 4) || memmem(buf, (size_t)got, "EXEC", 4))) held = true, rl->armed = 0;
+                if (rl->armed && memmem(buf, (size_t)got, "EXEC", 4)) held = true, rl->armed = 0;
             }
             if (p[1].revents) {
                 if (held) {
@@ -515,8 +516,9 @@ static long long job_metric_entries(rig_t *r, const char *id) {
 
 // The store client sends a command again when the connection drops before its reply (store.h).
 // A step whose publish landed but whose answer was lost is therefore sent twice: it must count
-// once (one metrics entry per step, the step and version advanced by one), and the next step
-// follows on.
+// once (one metrics entry per step, the step and version advanced by one), the blobs it staged
+// for the script are gone either way (renamed into place, or dropped by the resent transaction's
+// script standing back), and the next step follows on.
 Test(tjobs, a_publish_sent_again_after_a_lost_reply_counts_once) {
     rig_t r;
     rng_t rng;
@@ -559,6 +561,14 @@ Test(tjobs, a_publish_sent_again_after_a_lost_reply_counts_once) {
         cr_assert_eq(store_hget(r.st, key, "tokens", &sv, &n, err), 0, "%s", err);
         cr_assert(sum > 0 && strtod(sv, NULL) == sum, "step %u: job hash tokens %s, the stream's sum %g", step, sv, sum);
         free(sv);
+        for (int k = 0; k < 2; k++) {
+            store_key(r.st, key, sizeof key, "adapter:%s:%s", "j1", k ? "staged-optim" : "staged");
+            cr_assert_eq(store_exists(r.st, key, err), 1, "step %u: %s is left in the store", step, key);
+        }
+        store_key(r.st, key, sizeof key, "adapter:%s:%u", "j1", step);
+        cr_assert_eq(store_exists(r.st, key, err), 0, "step %u: no %s", step, key);
+        store_key(r.st, key, sizeof key, "optim:%s", "j1");
+        cr_assert_eq(store_exists(r.st, key, err), 0, "step %u: no %s", step, key);
     }
     cr_assert_eq(rl.cut, 1, "the relay cut %d replies", rl.cut);
     tjobs_destroy(&t);
