@@ -1764,6 +1764,69 @@ static void dots_cols(float *restrict out, const float *restrict x, const float 
     }
 }
 
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+// out[c] = dot(x, rows[c], hd) for 16 rows, hd a multiple of 16, the same bits: each row's 16 lane
+// sums as dot() keeps them (vertical, block after block: one vector per row), then the 16 vectors
+// transposed in registers so that adding the lanes in order (0 + lane 0 + lane 1 + ...) is 16
+// vector additions for the 16 rows at once, where dot() adds them one by one per row.
+static void dots16_rows(float *restrict out, const float *restrict x, const float *const *restrict rows, int hd) {
+    __m512 r[16], t[16];
+#pragma GCC unroll 16
+    for (int c = 0; c < 16; c++) r[c] = _mm512_setzero_ps();
+    for (int b = 0; b < hd; b += 16) {
+        __m512 xb = _mm512_loadu_ps(x + b);
+#pragma GCC unroll 16
+        for (int c = 0; c < 16; c++) r[c] = _mm512_add_ps(r[c], _mm512_mul_ps(xb, _mm512_loadu_ps(rows[c] + b)));
+    }
+    // 16 x 16 transpose: 32-bit, 64-bit, then 128-bit pieces
+#pragma GCC unroll 8
+    for (int c = 0; c < 16; c += 2) {
+        t[c] = _mm512_unpacklo_ps(r[c], r[c + 1]);
+        t[c + 1] = _mm512_unpackhi_ps(r[c], r[c + 1]);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 16; c += 4) {
+        r[c] = _mm512_shuffle_ps(t[c], t[c + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[c + 1] = _mm512_shuffle_ps(t[c], t[c + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[c + 2] = _mm512_shuffle_ps(t[c + 1], t[c + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[c + 3] = _mm512_shuffle_ps(t[c + 1], t[c + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+#pragma GCC unroll 2
+    for (int c = 0; c < 16; c += 8)
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            t[c + k] = _mm512_shuffle_f32x4(r[c + k], r[c + k + 4], 0x88);
+            t[c + k + 4] = _mm512_shuffle_f32x4(r[c + k], r[c + k + 4], 0xdd);
+        }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
+        r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
+    }
+    __m512 sum = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; l++) sum = _mm512_add_ps(sum, r[l]);
+    _mm512_storeu_ps(out, sum);
+}
+
+// out[0 .. 16 NV) = sum over p of w[p] v_p, added in p's order from 0 as attn_row's loop adds them
+// (out[d] += w v[d]), NV vectors of 16 held in registers instead of in out between two rows.
+static inline __attribute__((always_inline)) void wsum16(float *restrict out, const float *restrict w,
+                                                         const float *const *restrict vp, int ctx, float inv,
+                                                         const int NV) {
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; k++) acc[k] = _mm512_setzero_ps();
+    for (int p = 0; p < ctx; p++) {
+        __m512 wp = _mm512_set1_ps(w[p] * inv);
+#pragma GCC unroll 8
+        for (int k = 0; k < NV; k++) acc[k] = _mm512_add_ps(acc[k], _mm512_mul_ps(wp, _mm512_loadu_ps(vp[p] + 16 * k)));
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; k++) _mm512_storeu_ps(out + 16 * k, acc[k]);
+}
+#endif
+
 // One query row against ctx key/value rows: scores, softmax (two passes over a scratch of ctx
 // floats), weighted sum of the value rows given by a pointer array. The scores: with key row
 // pointers kp, dot(q, kp[p]); without (NULL), the caller's in scores (as dot() computes them).
@@ -1772,6 +1835,14 @@ static void dots_cols(float *restrict out, const float *restrict x, const float 
 static float attn_row(float *restrict out, const float *restrict q, const float *const *restrict kp,
                       const float *const *restrict vp, int ctx, int hd, float scale, float *restrict scores) {
     float mx = -INFINITY;
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+    if (kp && hd % 16 == 0) {
+        int p = 0;
+        for (; p + 16 <= ctx; p += 16) dots16_rows(scores + p, q, kp + p, hd);
+        for (; p < ctx; p++) scores[p] = dot(q, kp[p], hd);
+        kp = NULL;
+    }
+#endif
     for (int p = 0; p < ctx; p++) {
         float s = (kp ? dot(q, kp[p], hd) : scores[p]) * scale;
         scores[p] = s;
@@ -1782,6 +1853,15 @@ static float attn_row(float *restrict out, const float *restrict q, const float 
     float sum = 0.0f;
     for (int p = 0; p < ctx; p++) sum += scores[p];
     float inv = 1.0f / sum;
+#if KERN_CPU_ISA == KERN_CPU_ISA_AVX512
+    switch (hd) {
+    case 16: wsum16(out, scores, vp, ctx, inv, 1); return mx + logf(sum);
+    case 32: wsum16(out, scores, vp, ctx, inv, 2); return mx + logf(sum);
+    case 64: wsum16(out, scores, vp, ctx, inv, 4); return mx + logf(sum);
+    case 128: wsum16(out, scores, vp, ctx, inv, 8); return mx + logf(sum);
+    default: break;
+    }
+#endif
     for (int d = 0; d < hd; d++) out[d] = 0.0f;
     for (int p = 0; p < ctx; p++) {
         const float *restrict v = vp[p];
