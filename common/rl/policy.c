@@ -53,6 +53,11 @@ double policy_tenant_start_vtime(const policy_job_t *jobs, int n, double own) {
     return any && vmin > own ? vmin : own;
 }
 
+int policy_in_flight(int in_rollout, int at_trainer, int ahead) {
+    int n = in_rollout + at_trainer - ahead;
+    return n > 0 ? n : 0;
+}
+
 bool policy_sync_full(sched_policy_t p, int in_flight, int prompts) { return p == POLICY_SYNC && in_flight >= prompts; }
 
 bool policy_admit(sched_policy_t p, int running, int max_running) {

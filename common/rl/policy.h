@@ -99,6 +99,10 @@ double policy_tenant_start_vtime(const policy_job_t *jobs, int n, double own);
 // adds nothing, so a group is never counted at the trainer after it was consumed.
 void policy_trainer_verified(int *at_trainer, int *ahead, int n);
 void policy_trainer_released(int *at_trainer, int *ahead, int n, int cap);
+// Groups of a job in flight: in tasks holding a lease (in_rollout) or at the trainer, less those
+// the trainer reported consumed before their verifier's report (ahead: they still hold their
+// task's lease until that report comes, and are no longer in flight). Never negative.
+int policy_in_flight(int in_rollout, int at_trainer, int ahead);
 // Sync policy: true once a step's worth (B groups) is in flight; the job then waits for its step.
 bool policy_sync_full(sched_policy_t p, int in_flight, int prompts);
 // Whether a queued job is admitted while `running` jobs run: async while fewer than max_running

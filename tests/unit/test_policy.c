@@ -370,6 +370,30 @@ static int apply(policy_leases_t *t, const uint64_t *ids, int n, int eval_round,
     return at_trainer;
 }
 
+// Sync policy, B = 16 groups in two tasks of 8: the trainer steps on all 16 and reports before the
+// verifier's report of the second task. The scheduler then issues the next step's first task while
+// that second task still holds its lease: counted in flight, it made the step look issued in full
+// (16), the job waited for a step the trainer could never make from 8 groups, and the run hung
+// (bench/run.sh --quick, 32 jobs, step 44 of the first). Groups consumed ahead are not in flight.
+Test(policy, sync_groups_consumed_before_their_report_are_not_in_flight) {
+    int in_rollout = 0, at = 0, ahead = 0;
+    in_rollout += 8, in_rollout += 8;   // step 1: tasks A and B
+    cr_assert(policy_sync_full(POLICY_SYNC, policy_in_flight(in_rollout, at, ahead), 16));
+    in_rollout -= 8, policy_trainer_verified(&at, &ahead, 8);   // A verified
+    policy_trainer_released(&at, &ahead, 16, 32);                // the step consumed A and B
+    cr_assert(at == 0 && ahead == 8);
+    cr_assert_eq(policy_in_flight(in_rollout, at, ahead), 0, "B was consumed: nothing is in flight");
+    in_rollout += 8;   // step 2: task C
+    cr_assert_not(policy_sync_full(POLICY_SYNC, policy_in_flight(in_rollout, at, ahead), 16),
+                  "8 groups of step 2 issued: the job must not wait yet");
+    in_rollout += 8;   // task D
+    cr_assert(policy_sync_full(POLICY_SYNC, policy_in_flight(in_rollout, at, ahead), 16));
+    in_rollout -= 8, policy_trainer_verified(&at, &ahead, 8);   // B's late report adds nothing
+    cr_assert(at == 0 && ahead == 0);
+    cr_assert_eq(policy_in_flight(in_rollout, at, ahead), 16);
+    cr_assert_eq(policy_in_flight(0, 0, 3), 0, "never negative");
+}
+
 // The verifier's episodes and the trainer's step travel on different links: a step may release
 // groups before their episodes report is applied. Without the ahead count the late report put
 // them back at the trainer, and a job at staleness 0 waited for the trainer lease (60 s).
