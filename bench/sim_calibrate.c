@@ -360,7 +360,7 @@ int main(int argc, char **argv) {
                       .host_overlap = 0};
     sim_device_t best = d;
     double best_e = INFINITY;
-    for (double be = 0.5; be <= 1.0; be += 0.1)
+    for (double be = 0.5; be <= 2.0; be += 0.25)
     for (double ge = 0.02; ge <= 1.0; ge *= 1.5)
         for (double lu = 0.01; lu < 40; lu *= 2.5)
             for (double su = 0; su < 800; su = su < 1 ? 2 : su * 3)
@@ -374,7 +374,7 @@ int main(int argc, char **argv) {
     // then each figure in turn by ever finer factors while the error falls (the grid's steps are coarse)
     double *fig[6] = {&best.backward_efficiency, &best.gemm_efficiency, &best.launch_s, &best.step_overhead_s,
                       &best.gemm_half_rows, &best.attention_efficiency};
-    const double lo[6] = {0.05, 1e-3, 1e-9, 1e-7, 1e-3, 1e-4}, hi[6] = {1, 1, 1e-3, 1e-2, 4096, 1};
+    const double lo[6] = {0.05, 1e-3, 1e-9, 1e-7, 1e-3, 1e-4}, hi[6] = {4, 1, 1e-3, 1e-2, 4096, 1};
     for (int i = 0; i < 6; i++)
         if (*fig[i] < lo[i]) *fig[i] = lo[i];   // a zero overhead of the grid: a factor moves it
     best_e = fit_error(&best, mc, false);

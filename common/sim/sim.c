@@ -171,9 +171,10 @@ static int device_read(const cJSON *dev, sim_device_t *d, char *err) {
         return err_set(err, "device %s: weight_bytes must be 2 (bf16) or 4 (fp32)", d->name);
     if (!(d->gemm_efficiency > 0 && d->gemm_efficiency <= 1 && d->bandwidth_efficiency > 0 &&
           d->bandwidth_efficiency <= 1 && d->attention_efficiency > 0 && d->attention_efficiency <= 1 &&
-          d->backward_efficiency > 0 && d->backward_efficiency <= 1 && (d->host_overlap == 0 || d->host_overlap == 1) &&
+          d->backward_efficiency > 0 && d->backward_efficiency <= 4 && (d->host_overlap == 0 || d->host_overlap == 1) &&
           d->activation_reserve < 1))
-        return err_set(err, "device %s: efficiencies must be in (0, 1] and activation_reserve below 1", d->name);
+        return err_set(err, "device %s: efficiencies must be in (0, 1] (backward_efficiency, relative to the model's "
+                       "backward, in (0, 4]) and activation_reserve below 1", d->name);
     d->launch_s = launch_us * 1e-6;
     d->step_overhead_s = step_us * 1e-6;
     d->link_latency_s = lat_us * 1e-6;

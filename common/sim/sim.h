@@ -10,7 +10,9 @@
 //   norms, RoPE, activation, residuals: their bytes; the LM head on the rows that need logits;
 //   plus step_overhead per step (host work), and for training the backward (the frozen base's
 //   input gradients only: as many GEMM FLOPs again; attention 2.5x its forward; LoRA 2x; all at
-//   the device's backward_efficiency, 1 unless measured otherwise) and the
+//   the device's backward_efficiency, 1 unless measured otherwise: a measured device whose
+//   backward costs less than that model, as the CPU's since its attention backward takes 16
+//   keys per vector, gets a figure above 1, at most 4) and the
 //   optimiser over the adapters (16 bytes per parameter). A trainer of D devices splits a pass's
 //   tokens over them and all-reduces the adapters' gradients (ring: 2 (D-1)/D of the bytes over
 //   link_bandwidth, plus link_latency per device).
