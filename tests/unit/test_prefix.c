@@ -186,15 +186,14 @@ static void attn_case(int H, int KV, int hd) {
     free(sdk), free(sdv);
 }
 
+// (heads, KV heads, head size): head sizes below, at and past a whole vector of the dot products'
+// partial sums (16 lanes with AVX-512, 8 with AVX2, 4 with SSE2), with and without elements after
+// the last whole one
+static const int ATTN_SHAPES[][3] = {{4, 2, 8}, {3, 1, 5}, {2, 2, 16}, {4, 2, 20}, {4, 2, 32}, {2, 1, 37}, {4, 1, 64}};
+#define N_ATTN_SHAPES (int)(sizeof ATTN_SHAPES / sizeof ATTN_SHAPES[0])
+
 Test(prefix, attn_kernel_matches_expanded_prefixes) {
-    attn_case(4, 2, 8);
-    attn_case(3, 1, 5);
-    attn_case(2, 2, 16);
-    // head sizes past a whole vector of the dot products' partial sums (16 lanes with AVX-512, 8
-    // with AVX2, 4 with SSE2) and with elements after the last whole one
-    attn_case(4, 2, 20);
-    attn_case(2, 1, 37);
-    attn_case(2, 2, 64);
+    for (int i = 0; i < N_ATTN_SHAPES; i++) attn_case(ATTN_SHAPES[i][0], ATTN_SHAPES[i][1], ATTN_SHAPES[i][2]);
 }
 
 // --- engine_train / engine_logprobs ----------------------------------------------------------
@@ -531,10 +530,5 @@ static void paged_case(int H, int KV, int hd) {
 }
 
 Test(prefix, paged_attention_matches_packed_bits) {
-    paged_case(4, 2, 8);
-    paged_case(4, 2, 16);
-    paged_case(2, 1, 20);
-    paged_case(4, 2, 32);
-    paged_case(2, 2, 37);
-    paged_case(4, 1, 64);
+    for (int i = 0; i < N_ATTN_SHAPES; i++) paged_case(ATTN_SHAPES[i][0], ATTN_SHAPES[i][1], ATTN_SHAPES[i][2]);
 }
