@@ -489,6 +489,13 @@ Test(prefix, malformed_prefixes_refused) {
 // rows: the CPU backend's scores from a transposed panel of the keys) compute each output row from
 // the same sums in the same order: equal bits, for head sizes of one vector of dot()'s partial sums
 // and less and more, with and without elements after the last whole vector.
+// Equal bits hold in the optimised build without sanitizers; -O0 and the sanitizers'
+// instrumentation compile dot() differently (testfp.h), and there the two paths agree to rounding.
+#if defined(__OPTIMIZE__) && !defined(__SANITIZE_ADDRESS__)
+#define ATTN_EXACT 1
+#else
+#define ATTN_EXACT 0
+#endif
 static void paged_case(int H, int KV, int hd) {
     const kernels_t *k = kernels_cpu();
     enum { L = 21, BS = 4, NB = (L + BS - 1) / BS };
@@ -525,7 +532,8 @@ static void paged_case(int H, int KV, int hd) {
     k->attn_paged(o1, q, &pa);
     k->attn_fwd(o2, lse, q, kk, v, &a);
     for (int i = 0; i < L * Qd; i++)
-        cr_assert(o1[i] == o2[i], "hd %d: element %d: paged %.9g, packed %.9g", hd, i, o1[i], o2[i]);
+        cr_assert(ATTN_EXACT ? o1[i] == o2[i] : fabsf(o1[i] - o2[i]) <= 1e-6f * fmaxf(1.0f, fabsf(o2[i])),
+                  "hd %d: element %d: paged %.9g, packed %.9g", hd, i, o1[i], o2[i]);
     free(q), free(kk), free(v), free(kp), free(vp), free(o1), free(o2), free(lse);
 }
 
