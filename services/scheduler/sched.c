@@ -258,19 +258,19 @@ static sjob_t *load_job(sched_t *s, const char *id, char *err) {
     return j;
 }
 
+// Groups of a job in flight (policy_in_flight).
+static int job_in_flight(const sjob_t *j) { return policy_in_flight(j->in_rollout, j->at_trainer, j->consumed_ahead); }
+
 // The policy's view of every job, in table order (s->view, refreshed from the jobs).
 static const policy_job_t *job_views(sched_t *s) {
     for (int t = 0; t < s->n_tenants; t++) s->tenants[t].in_flight = 0;
     for (int i = 0; i < s->n_jobs; i++)
-        if (s->n_tenants)
-            s->tenants[s->jobs[i]->tenant].in_flight +=
-                policy_in_flight(s->jobs[i]->in_rollout, s->jobs[i]->at_trainer, s->jobs[i]->consumed_ahead);
+        if (s->n_tenants) s->tenants[s->jobs[i]->tenant].in_flight += job_in_flight(s->jobs[i]);
     for (int i = 0; i < s->n_jobs; i++) {
         const sjob_t *j = s->jobs[i];
         s->view[i] = (policy_job_t){.running = j->state == JS_RUNNING, .step = j->step,
                                     .max_steps = (uint32_t)j->spec.max_steps, .prompts = j->spec.prompts,
-                                    .staleness = j->spec.staleness,
-                                    .in_flight = policy_in_flight(j->in_rollout, j->at_trainer, j->consumed_ahead),
+                                    .staleness = j->spec.staleness, .in_flight = job_in_flight(j),
                                     .sync_waiting = j->sync_waiting, .vtime = j->vtime, .tenant = j->tenant,
                                     .tenant_vtime = s->n_tenants ? s->tenants[j->tenant].vtime : 0,
                                     .tenant_full = s->n_tenants && s->tenants[j->tenant].in_flight >=
@@ -687,9 +687,7 @@ void sched_tick(sched_t *s) {
         j->next_index += n;
         j->vtime = policy_charge(j->vtime, n, j->spec.weight);
         if (s->n_tenants) s->tenants[j->tenant].vtime = policy_charge(s->tenants[j->tenant].vtime, n, s->tenants[j->tenant].weight);
-        if (policy_sync_full(s->cfg.policy, policy_in_flight(j->in_rollout, j->at_trainer, j->consumed_ahead),
-                             j->spec.prompts))
-            j->sync_waiting = true;
+        if (policy_sync_full(s->cfg.policy, job_in_flight(j), j->spec.prompts)) j->sync_waiting = true;
         char v[32];
         snprintf(v, sizeof v, "%llu", (unsigned long long)j->next_index);
         const char *f[1] = {JOB_ISSUED}, *vv[1] = {v};

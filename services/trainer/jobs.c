@@ -663,20 +663,20 @@ static void drop_stale(tjob_t *j) {
 #define STEP_METRICS 20
 
 // KEYS: adapter, job, old adapter, optimizer, metrics, staged adapter, staged optimizer state.
-// ARGV: (unused), version, step, drop old (0/1), optimizer state staged (0/1), the step's tokens,
+// ARGV: version, step, drop old (0/1), optimizer state staged (0/1), the step's tokens,
 // compute-seconds, mean reward and staleness (the job hash's totals and latest values), then
 // metric field/value pairs. Returns -1 when applied, else the stored step that made it stand back.
 static const char PUBLISH_LUA[] =
     "local cur = tonumber(redis.call('HGET', KEYS[2], '" JOB_STEP "') or '0') or 0\n"
-    "if cur >= tonumber(ARGV[3]) then redis.call('DEL', KEYS[6], KEYS[7]) return cur end\n"
+    "if cur >= tonumber(ARGV[2]) then redis.call('DEL', KEYS[6], KEYS[7]) return cur end\n"
     "redis.call('RENAME', KEYS[6], KEYS[1])\n"
-    "redis.call('HSET', KEYS[2], '" JOB_VERSION "', ARGV[2], '" JOB_STEP "', ARGV[3], '" JOB_REWARD "', ARGV[8], '"
-    JOB_STALENESS "', ARGV[9])\n"
-    "redis.call('HINCRBYFLOAT', KEYS[2], '" JOB_TOKENS "', ARGV[6])\n"
-    "redis.call('HINCRBYFLOAT', KEYS[2], '" JOB_COMPUTE_S "', ARGV[7])\n"
-    "if ARGV[4] == '1' then redis.call('DEL', KEYS[3]) end\n"
-    "if ARGV[5] == '1' then redis.call('RENAME', KEYS[7], KEYS[4]) end\n"
-    "redis.call('XADD', KEYS[5], 'MAXLEN', '~', '10000', '*', unpack(ARGV, 10))\n"
+    "redis.call('HSET', KEYS[2], '" JOB_VERSION "', ARGV[1], '" JOB_STEP "', ARGV[2], '" JOB_REWARD "', ARGV[7], '"
+    JOB_STALENESS "', ARGV[8])\n"
+    "redis.call('HINCRBYFLOAT', KEYS[2], '" JOB_TOKENS "', ARGV[5])\n"
+    "redis.call('HINCRBYFLOAT', KEYS[2], '" JOB_COMPUTE_S "', ARGV[6])\n"
+    "if ARGV[3] == '1' then redis.call('DEL', KEYS[3]) end\n"
+    "if ARGV[4] == '1' then redis.call('RENAME', KEYS[7], KEYS[4]) end\n"
+    "redis.call('XADD', KEYS[5], 'MAXLEN', '~', '10000', '*', unpack(ARGV, 9))\n"
     "return -1\n";
 
 // hv: the step's tokens, compute-seconds, mean reward and staleness for the job hash.
@@ -699,11 +699,11 @@ static int publish(tjobs_t *t, store_t *st, tjob_t *j, const char **mf, const ch
     snprintf(ss, sizeof ss, "%u", j->step + 1);
     bool drop_old = v >= (uint32_t)t->cfg.keep_versions;
     if (drop_old) key_adapter(t->st, kold, sizeof kold, j->id, v - (uint32_t)t->cfg.keep_versions);
-    else snprintf(kold, sizeof kold, "%s", kad);   // a key of this job, not touched (ARGV[4] = 0)
+    else snprintf(kold, sizeof kold, "%s", kad);   // a key of this job, not touched (ARGV[3] = 0)
     if ((j->step + 1) % (uint32_t)t->cfg.optim_every == 0) optim_serialize(j->opt, &ob, &ol);
-    enum { NFIX = 19 };
+    enum { NFIX = 18 };
     const char *argv[NFIX + 2 * STEP_METRICS] = {"EVAL", PUBLISH_LUA, "7", kad, kjob, kold, kopt, kmet, ksad, ksopt,
-                                                 "", vs, ss, drop_old ? "1" : "0", ob ? "1" : "0",
+                                                 vs, ss, drop_old ? "1" : "0", ob ? "1" : "0",
                                                  hv[0], hv[1], hv[2], hv[3]};
     size_t lens[NFIX + 2 * STEP_METRICS];
     for (int i = 0; i < NFIX; i++) lens[i] = strlen(argv[i]);
@@ -711,11 +711,14 @@ static int publish(tjobs_t *t, store_t *st, tjob_t *j, const char **mf, const ch
         argv[NFIX + 2 * i] = mf[i], argv[NFIX + 1 + 2 * i] = mv[i];
         lens[NFIX + 2 * i] = strlen(mf[i]), lens[NFIX + 1 + 2 * i] = strlen(mv[i]);
     }
+    // the staged blobs, then the script (its reply is the transaction's last)
     const char *set_ad[3] = {"SET", ksad, (const char *)blob}, *set_opt[3] = {"SET", ksopt, (const char *)ob};
     size_t set_ad_len[3] = {3, strlen(ksad), len}, set_opt_len[3] = {3, strlen(ksopt), ol};
-    store_argv_t cmds[3] = {{3, set_ad, set_ad_len}, {NFIX + 2 * nm, argv, lens}, {3, set_opt, set_opt_len}};
-    int n = 2;
-    if (ob) cmds[1] = cmds[2], cmds[2] = (store_argv_t){NFIX + 2 * nm, argv, lens}, n = 3;
+    store_argv_t cmds[3];
+    int n = 0;
+    cmds[n++] = (store_argv_t){3, set_ad, set_ad_len};
+    if (ob) cmds[n++] = (store_argv_t){3, set_opt, set_opt_len};
+    cmds[n++] = (store_argv_t){NFIX + 2 * nm, argv, lens};
     redisReply *r = store_atomic(st, n, cmds, err);
     free(blob);
     free(ob);

@@ -209,7 +209,11 @@ Test(sim, unknown_devices_and_bad_parameter_files_are_refused) {
     fprintf(f, "{\"devices\": {\"toy\": {\"flops\": 1e12, \"bandwidth\": 1e11, \"memory\": 40e9, "
                "\"link_bandwidth\": 1e10, \"weight_bytes\": 2, \"launch_us\": 1},"
                " \"odd\": {\"flops\": 1e12, \"bandwidth\": 1e11, \"memory\": 40e9, \"link_bandwidth\": 1e10, "
-               "\"weight_bytes\": 2, \"sparsity\": 2}}}");
+               "\"weight_bytes\": 2, \"sparsity\": 2},"
+               " \"fastback\": {\"flops\": 1e12, \"bandwidth\": 1e11, \"memory\": 40e9, \"link_bandwidth\": 1e10, "
+               "\"weight_bytes\": 2, \"backward_efficiency\": 1.5},"
+               " \"overback\": {\"flops\": 1e12, \"bandwidth\": 1e11, \"memory\": 40e9, \"link_bandwidth\": 1e10, "
+               "\"weight_bytes\": 2, \"backward_efficiency\": 5}}}");
     fclose(f);
     setenv("MARLAAS_SIM_PARAMS", path, 1);   // read once per process: this test's own
     sim_opts_t o = {.scale = 60};
@@ -221,6 +225,13 @@ Test(sim, unknown_devices_and_bad_parameter_files_are_refused) {
     sim_close(&s);
     cr_assert_null(sim_open("odd", &c, &o, err));
     cr_assert(strstr(err, "sparsity"), "%s", err);
+    // a measured backward cheaper than the model's ratios: above 1, up to 4
+    s = sim_open("fastback", &c, &o, err);
+    cr_assert_not_null(s, "%s", err);
+    cr_assert_float_eq(sim_device(s)->backward_efficiency, 1.5, 1e-12);
+    sim_close(&s);
+    cr_assert_null(sim_open("overback", &c, &o, err));
+    cr_assert(strstr(err, "backward_efficiency"), "%s", err);
     cr_assert_null(sim_open("tpu-v9", &c, &o, err));
     cr_assert(strstr(err, "h100") && strstr(err, "toy"), "%s", err);
     o.lengths = "fixed:0";
