@@ -40,7 +40,13 @@ struct sim {
     double hidden;       // host seconds overlapped with modelled time
     bool slack_set;
     int host_slot;       // shared_cores: this simulator's entry in the host table, -1 before the first step
-    int others;          // shared_cores: the machine's other runnable computations, read at load_read
+    double others;       // shared_cores: the machine's other runnable computations, read at load_read
+    int64_t stat_t;      // shared_cores: when the machine's CPU time was last read (/proc/stat)
+    double stat_busy;    // the machine's busy CPU seconds then (-1: unreadable)
+    double stat_own;     // this thread's CPU seconds then
+    double demand;       // the other tasks' CPU demand in cores, averaged over about DEMAND_TAU_S,
+    double demand_w;     // times demand_w (the average's weight so far: the readings' span counts)
+    bool stat_warned;
     int64_t load_read;
     double load;         // shared_cores: the fraction of time in steps, over about LOAD_TAU_S
     int64_t load_t;      // when load was last brought up to date
@@ -254,21 +260,28 @@ fail:
 
 // Every simulator of a shared-cores device on this machine (all users' clusters of this uid) keeps
 // an entry in one table in shared memory: its pid and until when its modelled step holds a core.
-// A step then counts the other runnable tasks of the machine (/proc/loadavg) and the other
-// simulators computing, and runs at 1 / (1 + others / cores) of its speed: each other task sits
-// on the step's core with probability 1 / cores and takes its turn there. That is how the
-// kernel's scheduler treats a CPU-bound service beside woken ones (run queues are balanced
-// lazily, a woken task preempts the running one): measured on 2 cores, the real trainer waits in
-// its run queue for a fifth to a quarter of its CPU time while the services' demand averages
-// about 1.1 cores, where an ideal share of the 2 cores would let it run undisturbed. The share is
-// not symmetric: the kernel runs first the task that has run least (its virtual runtime), so a
-// step yields only to the tasks that compute a smaller fraction of their time than it does. The
-// machine's other tasks (verifiers, the scheduler, Redis, the services' socket threads) compute
+// A step then counts the CPU demand of the machine's other tasks (their CPU time per second, in
+// cores, from /proc/stat less the calling thread's own, averaged over about a quarter of a second)
+// and the other simulators computing, and runs at 1 / (1 + others / cores) of its speed: each
+// other computation sits on the step's core with probability 1 / cores and takes its turn there.
+// That is how the kernel's scheduler treats a CPU-bound service beside woken ones (run queues are
+// balanced lazily, a woken task preempts the running one): measured on 2 cores, the real trainer
+// waits in its run queue for a fifth to a quarter of its CPU time while the services' demand
+// averages about 1.1 cores, where an ideal share of the 2 cores would let it run undisturbed. An
+// average, not a count of the tasks runnable when the step starts: nearly every step starts just
+// after a message woke it, its sender still runnable, yet having run least the woken service takes
+// the core first (counting the tasks runnable at each step's start stretched the simulated steps
+// of a one-job run to 1.4-1.7x their work where the real ones take 1.0-1.2x their time alone). The share is not symmetric: the kernel runs first the task that has run least
+// (its virtual runtime), so a step yields only to the tasks that compute a smaller fraction of
+// their time than it does. The machine's other tasks (verifiers, the scheduler, Redis, the
+// services' socket threads) compute
 // little and always count; another simulator counts when its busy fraction (over about a second,
 // published in the table) is not above this one's. Entries of processes that died are taken
 // over; a step's claim lapses on its own (busy_until), so a killed process holds nothing.
 #define HOST_SLOTS 512
 #define LOAD_TAU_S 1.0   // the busy fraction's time constant
+#define DEMAND_TAU_S 0.25   // the other tasks' demand's
+#define DEMAND_READ_NS 5000000
 typedef struct {
     _Atomic int32_t pid;
     _Atomic int32_t load_pm;   // its busy fraction, per mille
@@ -321,19 +334,51 @@ static int host_claim(void) {
     return -1;
 }
 
-// Runnable tasks of the machine other than the caller (the 4th field of /proc/loadavg counts
-// the reader), plus the other simulators whose modelled step holds a core now and whose busy
-// fraction is not above the caller's.
-static int host_others(const sim_t *s, int64_t now) {
-    int others = 0;
-    char buf[128];
-    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        ssize_t n = read(fd, buf, sizeof buf - 1);
-        close(fd);
-        int run = 0;
-        if (n > 0 && (buf[n] = 0, sscanf(buf, "%*s %*s %*s %d/", &run) == 1) && run > 1) others += run - 1;
+// The machine's busy CPU time in seconds, all cores (/proc/stat's first line: user, nice, system,
+// irq and softirq; in clock ticks, 10 ms each), or -1 when it cannot be read.
+static double machine_busy_s(void) {
+    char buf[256];
+    int fd = open("/proc/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    unsigned long long u, ni, sy, id, io, irq, sirq;
+    if (n <= 0 || (buf[n] = 0, sscanf(buf, "cpu %llu %llu %llu %llu %llu %llu %llu", &u, &ni, &sy, &id, &io, &irq, &sirq) != 7))
+        return -1;
+    long hz = sysconf(_SC_CLK_TCK);
+    return (double)(u + ni + sy + irq + sirq) / (double)(hz > 0 ? hz : 100);
+}
+
+// Brings the other tasks' CPU demand up to date (at most every DEMAND_READ_NS): the machine's busy
+// CPU time less the calling thread's since the last reading, per second, averaged over about
+// DEMAND_TAU_S (the first readings weighed by the time they span, not against a made-up zero).
+static void demand_update(sim_t *s, int64_t now) {
+    if (s->stat_t && now - s->stat_t < DEMAND_READ_NS) return;
+    double busy = machine_busy_s(), own = thread_cpu();
+    if (busy < 0) {
+        if (!s->stat_warned)
+            log_warn("simulated CPU: cannot read /proc/stat; steps count the other simulators' steps but not the "
+                     "machine's other work (mount /proc)");
+        s->stat_warned = true;
+        s->stat_t = now, s->stat_busy = -1;
+        return;
     }
+    if (s->stat_t && s->stat_busy >= 0) {
+        double dt = (double)(now - s->stat_t) * 1e-9;
+        double d = (busy - s->stat_busy - (own - s->stat_own)) / dt;
+        double k = exp(-dt / DEMAND_TAU_S);
+        s->demand = s->demand * k + (d < 0 ? 0 : d) * (1 - k);
+        s->demand_w = s->demand_w * k + (1 - k);
+    }
+    s->stat_t = now, s->stat_busy = busy, s->stat_own = own;
+}
+
+// The other computations a step shares the cores with: the machine's other tasks' CPU demand in
+// cores, plus the other simulators whose modelled step holds a core now and whose busy fraction
+// is not above the caller's.
+static double host_others(sim_t *s, int64_t now) {
+    demand_update(s, now);
+    double others = s->demand_w > 0 ? s->demand / s->demand_w : 0;
     int mine = (int)(s->load * 1000);
     for (int i = 0; host_tab && i < HOST_SLOTS; i++)
         if (i != s->host_slot && atomic_load(&host_tab[i].pid) && atomic_load(&host_tab[i].busy_until_ns) > now &&
@@ -343,7 +388,8 @@ static int host_others(const sim_t *s, int64_t now) {
 }
 
 // `work` wall seconds of a whole core, in slices of at most a millisecond, each at the share of a
-// core the machine's load leaves it (read at most every half millisecond). A sleep that woke late
+// core the machine's load leaves it (the other simulators' steps read at most every half
+// millisecond, the machine's demand every 5 ms). A sleep that woke late
 // (70-90 us on a 2-core cloud VM: a quarter of a 0.3 ms step) did that much of the next step's
 // work, whenever it comes: the steps' time adds up to their work, as the real engine's does.
 static void shared_wait(sim_t *s, double work) {
@@ -358,7 +404,7 @@ static void shared_wait(sim_t *s, double work) {
     if (me) atomic_store(&me->load_pm, (int32_t)(s->load * 1000));
     while (work > 1e-7) {
         if (now - s->load_read > 500000) s->others = host_others(s, now), s->load_read = now;
-        int others = s->others;
+        double others = s->others;
         double rate = 1.0 / (1.0 + others / s->d.shared_cores);
         double slice = work / rate < 1e-3 ? work / rate : 1e-3;
         int64_t end = now + (int64_t)(slice * 1e9) + 1;
