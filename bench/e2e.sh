@@ -119,6 +119,10 @@ awk -F, 'NR == FNR {if (FNR > 1) task[$1] = $2; next} {print $1 "," $2 "," task[
 rm -f "$D/steps.raw"
 cp -r "$RUN/logs" "$D/logs"
 
+# The whole run's busy and CPU fractions: the services' busy (CPU) seconds over the run's time
+# (submission to the last job done, from the scheduler's log). Not over the span the samples
+# cover: the last sample comes up to 3 s after the end (the job list is polled every 2 s, one more
+# heartbeat after that), idle time that moved a 5-second run's fractions by up to two fifths.
 # Steady state: async, the span in which every job is training (from the last job's first step
 # to the first job's last step); sync runs one job at a time, so its steady state is the whole
 # span from the first step to the last. Busy fractions over a span come from the differences of
@@ -148,8 +152,7 @@ awk -F, -v pol="$LABEL" -v n="$N" -v wall="$WALL" -v nsteps="$STEPS_DONE" -v s0=
                           frac(tb[i1] - tb[i0], tu[i1] - tu[i0]), frac(tc[i1] - tc[i0], dt))
         printf "%s,%d,%.2f,%.2f,%.4f,%.4f,%.4f,%.4f,%s,%d,%.1f,%d,%.3f,%.4f,%.4f,%d,%.2f\n",
             pol, n, wall, s1 - s0,
-            frac(rb[k] - rb[1], ru[k] - ru[1]), frac(rc[k] - rc[1], t[k] - t[1]),
-            frac(tb[k] - tb[1], tu[k] - tu[1]), frac(tc[k] - tc[1], t[k] - t[1]), sst,
+            frac(rb[k] - rb[1], wall), frac(rc[k] - rc[1], wall), frac(tb[k] - tb[1], wall), frac(tc[k] - tc[1], wall), sst,
             tok[k], tok[k] / wall, nsteps, nsteps / wall, (m ? a0 / m : 0), (m ? a1 / m : 0), ok, svc
     }' "$D/timeline.csv" "$D/jobs.csv" > "$D/run.csv"
 cat "$D/run.csv" | tail -n 1

@@ -32,6 +32,7 @@
 #include "common/sim/sim.h"
 
 #define MAX_SHAPES 32
+#define FIT_ROUNDS 4   // rounds over the fit's shapes (about 2.5 s each on models/micro)
 
 typedef struct {
     char name[64];
@@ -55,7 +56,20 @@ static double median(double *v, int n) {
 
 // An inference shape measured: n sequences of n_new rows after past positions, each needing one
 // row of logits, adapters spread over n_adapters slots.
+// A shape measured again (the fit's rounds) keeps its fastest round: the machine's slow spells
+// only add time, and a spell that falls on some shapes and not others would bend their relative
+// costs. Returns the shape when it was already there.
+static shape_t *measured_again(const char *name, double measured) {
+    for (int i = 0; i < n_shapes; i++)
+        if (!strcmp(shapes[i].name, name)) {
+            if (measured < shapes[i].measured) shapes[i].measured = measured;
+            return &shapes[i];
+        }
+    return NULL;
+}
+
 static void infer_shape(rl_runtime_t *rt, const char *name, int n, int n_new, int past, int n_adapters, double measured) {
+    if (measured_again(name, measured)) return;
     shape_t *s = &shapes[n_shapes++];
     snprintf(s->name, sizeof s->name, "%s", name);
     s->mode = SIM_INFER;
@@ -185,6 +199,7 @@ static void train_shape(rl_runtime_t *rt, int groups, int G, int P, int C, int n
         }
         t[r] = util_now() - t0;
     }
+    if (measured_again(name, median(t, REPS))) goto done;
     shape_t *s = &shapes[n_shapes++];
     snprintf(s->name, sizeof s->name, "%s", name);
     s->mode = SIM_TRAIN;
@@ -200,6 +215,7 @@ static void train_shape(rl_runtime_t *rt, int groups, int G, int P, int C, int n
                               .rank = a->cfg.r, .targets = a->cfg.targets};
     }
     s->measured = median(t, REPS);
+done:
     for (int a = 0; a < n_adapters; a++) k->free(grads[a]), k->free(m[a]), k->free(v[a]);
     free(grads), free(m), free(v), free(q), free(tok), free(w), free(old), free(st);
 }
@@ -337,23 +353,25 @@ int main(int argc, char **argv) {
     add_adapters(rt);
     // shapes of the benchmark's services on this model: decode and prefill steps of one to several
     // jobs' groups, training passes of one to four jobs' steps (16 prompts x 8 samples of a dozen
-    // tokens each)
-    decode_shape(rt, 1, 14, 1, "decode 1 row, ctx 14");
-    decode_shape(rt, 16, 14, 1, "decode 16 rows");
-    decode_shape(rt, 128, 14, 1, "decode 128 rows, 1 adapter");
-    decode_shape(rt, 512, 14, 4, "decode 512 rows, 4 adapters");
-    decode_shape(rt, 512, 30, 8, "decode 512 rows, ctx 30, 8 adapters");
-    decode_shape(rt, 256, 24, 8, "decode 256 rows, ctx 24, 8 adapters");
-    prefill_shape(rt, 16, 12, 1, "prefill 16 x 12");
-    prefill_shape(rt, 64, 12, 4, "prefill 64 x 12, 4 adapters");
-    prefill_shape(rt, 64, 22, 8, "prefill 64 x 22, 8 adapters");
-    train_shape(rt, 16, 8, 14, 2, 1, "train 16 x 8, 14 + 2, 1 adapter");
-    train_shape(rt, 16, 8, 14, 6, 1, "train 16 x 8, 14 + 6, 1 adapter");
-    train_shape(rt, 32, 8, 14, 4, 2, "train 32 x 8, 14 + 4, 2 adapters");
-    train_shape(rt, 64, 8, 16, 4, 4, "train 64 x 8, 16 + 4, 4 adapters");
-    train_shape(rt, 16, 8, 20, 16, 1, "train 16 x 8, 20 + 16, 1 adapter");
-    train_shape(rt, 32, 8, 24, 10, 4, "train 32 x 8, 24 + 10, 4 adapters");
-    train_shape(rt, 64, 8, 18, 6, 8, "train 64 x 8, 18 + 6, 8 adapters");
+    // tokens each), measured in FIT_ROUNDS rounds over all of them, each keeping its fastest
+    for (int round = 0; round < FIT_ROUNDS; round++) {
+        decode_shape(rt, 1, 14, 1, "decode 1 row, ctx 14");
+        decode_shape(rt, 16, 14, 1, "decode 16 rows");
+        decode_shape(rt, 128, 14, 1, "decode 128 rows, 1 adapter");
+        decode_shape(rt, 512, 14, 4, "decode 512 rows, 4 adapters");
+        decode_shape(rt, 512, 30, 8, "decode 512 rows, ctx 30, 8 adapters");
+        decode_shape(rt, 256, 24, 8, "decode 256 rows, ctx 24, 8 adapters");
+        prefill_shape(rt, 16, 12, 1, "prefill 16 x 12");
+        prefill_shape(rt, 64, 12, 4, "prefill 64 x 12, 4 adapters");
+        prefill_shape(rt, 64, 22, 8, "prefill 64 x 22, 8 adapters");
+        train_shape(rt, 16, 8, 14, 2, 1, "train 16 x 8, 14 + 2, 1 adapter");
+        train_shape(rt, 16, 8, 14, 6, 1, "train 16 x 8, 14 + 6, 1 adapter");
+        train_shape(rt, 32, 8, 14, 4, 2, "train 32 x 8, 14 + 4, 2 adapters");
+        train_shape(rt, 64, 8, 16, 4, 4, "train 64 x 8, 16 + 4, 4 adapters");
+        train_shape(rt, 16, 8, 20, 16, 1, "train 16 x 8, 20 + 16, 1 adapter");
+        train_shape(rt, 32, 8, 24, 10, 4, "train 32 x 8, 24 + 10, 4 adapters");
+        train_shape(rt, 64, 8, 18, 6, 8, "train 64 x 8, 18 + 6, 8 adapters");
+    }
     // the grid: the four overhead figures
     sim_device_t d = {.name = "cpu-measured", .flops = flops, .bandwidth = bw, .memory = 8e9, .link_bandwidth = 5e9,
                       .weight_bytes = 4, .gemm_efficiency = 1.0, .bandwidth_efficiency = 1.0, .activation_reserve = 0.08,

@@ -102,7 +102,8 @@ if cal:
           "this CPU and once simulated with the `cpu` device whose figures were measured in the same run "
           "(time scale 1: every real overhead is the same in both), at the machine's speed probed around the "
           "computed runs (speed: the median of the probes so far against the fitted device, 1 = the fit's; "
-          "`marlaas-sim-calibrate --probe`). Predicted = simulated.", "",
+          "`marlaas-sim-calibrate --probe`). Busy: a service's seconds in steps over the run's time "
+          "(submission to the last job done). Predicted = simulated.", "",
           "| N | policy | measured time (s) | predicted (s) | error | rollout busy measured / predicted | trainer busy measured / predicted | worst error | speed |",
           "|---|---|---|---|---|---|---|---|---|"]
     worst = 0.0
