@@ -40,12 +40,12 @@ struct sim {
     double hidden;       // host seconds overlapped with modelled time
     bool slack_set;
     int host_slot;       // shared_cores: this simulator's entry in the host table, -1 before the first step
-    double others;       // shared_cores: the machine's other runnable computations, read at load_read
+    double others;       // shared_cores: the other computations on the cores (host_others), read at load_read
     int64_t stat_t;      // shared_cores: when the machine's CPU time was last read (/proc/stat)
     double stat_busy;    // the machine's busy CPU seconds then (-1: unreadable)
     double stat_own;     // this thread's CPU seconds then
-    double demand;       // the other tasks' CPU demand in cores, averaged over about DEMAND_TAU_S,
-    double demand_w;     // times demand_w (the average's weight so far: the readings' span counts)
+    double demand;       // the other tasks' CPU demand in cores, averaged over about DEMAND_TAU_S, times
+    double demand_w;     // this weight (the average's weight so far: the readings' span counts)
     bool stat_warned;
     int64_t load_read;
     double load;         // shared_cores: the fraction of time in steps, over about LOAD_TAU_S
@@ -259,25 +259,25 @@ fail:
 // --- a CPU shared with the machine's other processes (shared_cores) --------------------------------
 
 // Every simulator of a shared-cores device on this machine (all users' clusters of this uid) keeps
-// an entry in one table in shared memory: its pid and until when its modelled step holds a core.
-// A step then counts the CPU demand of the machine's other tasks (their CPU time per second, in
+// an entry in one table in shared memory: its pid and until when its modelled step holds a core. A
+// step then counts the CPU demand of the machine's other tasks (their CPU time per second, in
 // cores, from /proc/stat less the calling thread's own, averaged over about a quarter of a second)
-// and the other simulators computing, and runs at 1 / (1 + others / cores) of its speed: each
-// other computation sits on the step's core with probability 1 / cores and takes its turn there.
-// That is how the kernel's scheduler treats a CPU-bound service beside woken ones (run queues are
-// balanced lazily, a woken task preempts the running one): measured on 2 cores, the real trainer
-// waits in its run queue for a fifth to a quarter of its CPU time while the services' demand
-// averages about 1.1 cores, where an ideal share of the 2 cores would let it run undisturbed. An
-// average, not a count of the tasks runnable when the step starts: nearly every step starts just
-// after a message woke it, its sender still runnable, yet having run least the woken service takes
-// the core first (counting the tasks runnable at each step's start stretched the simulated steps
-// of a one-job run to 1.4-1.7x their work where the real ones take 1.0-1.2x their time alone). The share is not symmetric: the kernel runs first the task that has run least
-// (its virtual runtime), so a step yields only to the tasks that compute a smaller fraction of
-// their time than it does. The machine's other tasks (verifiers, the scheduler, Redis, the
-// services' socket threads) compute
+// and the other simulators computing, and runs at 1 / (1 + others / cores) of its speed: each other
+// computation sits on the step's core with probability 1 / cores and takes its turn there. That is
+// how the kernel's scheduler treats a CPU-bound service beside woken ones (run queues are balanced
+// lazily, a woken task preempts the running one): measured on 2 cores, the real trainer waits in
+// its run queue for a fifth to a quarter of its CPU time while the services' demand averages about
+// 1.1 cores, where an ideal share of the 2 cores would let it run undisturbed. An average, not a
+// count of the tasks runnable when the step starts: nearly every step starts just after a message
+// woke it, its sender still runnable, yet having run least the woken service takes the core first
+// (counting the tasks runnable at each step's start stretched the simulated steps of a one-job run
+// to 1.4-1.7x their work where the real ones take 1.0-1.2x their time alone). The share is not
+// symmetric: the kernel runs first the task that has run least (its virtual runtime), so a step
+// yields only to the tasks that compute a smaller fraction of their time than it does. The
+// machine's other tasks (verifiers, the scheduler, Redis, the services' socket threads) compute
 // little and always count; another simulator counts when its busy fraction (over about a second,
-// published in the table) is not above this one's. Entries of processes that died are taken
-// over; a step's claim lapses on its own (busy_until), so a killed process holds nothing.
+// published in the table) is not above this one's. Entries of processes that died are taken over; a
+// step's claim lapses on its own (busy_until), so a killed process holds nothing.
 #define HOST_SLOTS 512
 #define LOAD_TAU_S 1.0   // the busy fraction's time constant
 #define DEMAND_TAU_S 0.25   // the other tasks' demand's
