@@ -15,7 +15,9 @@
 #   jobs.csv      job, task, status, eval accuracy before / after, first / last step time, steps,
 #                 the best evaluated version's accuracy, the prompts an eval covers
 #   steps.csv     t, job, task, step, reward, staleness (from the trainer's step log lines)
-#   run.csv       one summary row (see HEADER below; svc_cpu_s: CPU-seconds of the four services)
+#   run.csv       one summary row (see HEADER below; svc_cpu_s: CPU-seconds of the four services;
+#                 roll_busy .. train_cpu: busy and CPU seconds over the run's time, *_steady: over
+#                 the steady span)
 #   logs/         the services' logs
 set -euo pipefail
 cd "$(dirname "$0")/.."

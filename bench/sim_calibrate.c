@@ -1,13 +1,14 @@
 // sim_calibrate.c - measures this machine as a simulated device (the `cpu` entry of
-// common/sim/params.json, measured): the sgemm rate and the read bandwidth of one thread, then
-// the engine's real step times on a model for a set of shapes (decode and prefill steps across
+// common/sim/params.json, measured): the sgemm rate and the read bandwidth of one thread, then the
+// engine's real step times on a model for a set of shapes (decode and prefill steps across
 // adapters, training passes of groups sharing their prompt as the trainer packs them, with the
-// optimiser), and fits the device's six efficiency and overhead figures (gemm_efficiency,
-// backward_efficiency, launch_us, step_overhead_us, gemm_half_rows, attention_efficiency) so
-// that the simulator's cost of each shape matches its measurement (least squares of the log
-// ratio: a grid, then each figure in turn by ever finer factors). Writes a parameter file for
-// MARLAAS_SIM_PARAMS with the device "cpu-measured", whose steps share this machine's cores
-// (shared_cores) with the other processes as the real services' steps do.
+// optimiser; each shape the fastest of four rounds over all of them), and fits the device's six
+// efficiency and overhead figures (gemm_efficiency, backward_efficiency, launch_us,
+// step_overhead_us, gemm_half_rows, attention_efficiency) so that the simulator's cost of each
+// shape matches its measurement (least squares of the log ratio: a grid, then each figure in turn
+// by ever finer factors). Writes a parameter file for MARLAAS_SIM_PARAMS with the device
+// "cpu-measured", whose steps share this machine's cores (shared_cores) with the other processes as
+// the real services' steps do.
 //
 //   marlaas-sim-calibrate MODEL_DIR OUT.json
 //   marlaas-sim-calibrate --probe MODEL_DIR OUT.json
@@ -54,8 +55,6 @@ static double median(double *v, int n) {
     return v[n / 2];
 }
 
-// An inference shape measured: n sequences of n_new rows after past positions, each needing one
-// row of logits, adapters spread over n_adapters slots.
 // A shape measured again (the fit's rounds) keeps its fastest round: the machine's slow spells
 // only add time, and a spell that falls on some shapes and not others would bend their relative
 // costs. Returns the shape when it was already there.
@@ -68,6 +67,8 @@ static shape_t *measured_again(const char *name, double measured) {
     return NULL;
 }
 
+// An inference shape measured: n sequences of n_new rows after past positions, each needing one
+// row of logits, adapters spread over n_adapters slots.
 static void infer_shape(rl_runtime_t *rt, const char *name, int n, int n_new, int past, int n_adapters, double measured) {
     if (measured_again(name, measured)) return;
     shape_t *s = &shapes[n_shapes++];
