@@ -22,6 +22,7 @@
 //
 // One engine thread (MARLAAS_THREADS=1), as the services of a local cluster run.
 #include <math.h>
+#include <stdbool.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,14 +58,14 @@ static double median(double *v, int n) {
 
 // A shape measured again (the fit's rounds) keeps its fastest round: the machine's slow spells
 // only add time, and a spell that falls on some shapes and not others would bend their relative
-// costs. Returns the shape when it was already there.
-static shape_t *measured_again(const char *name, double measured) {
+// costs. Returns whether the shape was already there.
+static bool measured_again(const char *name, double measured) {
     for (int i = 0; i < n_shapes; i++)
         if (!strcmp(shapes[i].name, name)) {
             if (measured < shapes[i].measured) shapes[i].measured = measured;
-            return &shapes[i];
+            return true;
         }
-    return NULL;
+    return false;
 }
 
 // An inference shape measured: n sequences of n_new rows after past positions, each needing one

@@ -343,8 +343,10 @@ static double machine_busy_s(void) {
     ssize_t n = read(fd, buf, sizeof buf - 1);
     close(fd);
     unsigned long long u, ni, sy, id, io, irq, sirq;
-    if (n <= 0 || (buf[n] = 0, sscanf(buf, "cpu %llu %llu %llu %llu %llu %llu %llu", &u, &ni, &sy, &id, &io, &irq, &sirq) != 7))
+    if (n <= 0)
         return -1;
+    buf[n] = 0;
+    if (sscanf(buf, "cpu %llu %llu %llu %llu %llu %llu %llu", &u, &ni, &sy, &id, &io, &irq, &sirq) != 7) return -1;
     long hz = sysconf(_SC_CLK_TCK);
     return (double)(u + ni + sy + irq + sirq) / (double)(hz > 0 ? hz : 100);
 }

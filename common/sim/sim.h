@@ -112,13 +112,14 @@ double sim_cost(const sim_t *s, const sim_seq_t *seqs, int n, sim_mode_t mode, i
                 double adapter_params);
 // Counts d modelled seconds and sleeps d / scale, less (on a device with host_overlap) the calling
 // thread's CPU time since its last sim_wait (its host work overlaps the device's time, as
-// asynchronous launches on a GPU do; host work longer than the step still shows). On a device
-// with shared_cores (this machine's CPU) the step instead runs in slices of at most 1 ms, each at
-// 1 / (1 + others / cores) of full speed, others = the CPU demand of the machine's other tasks in
-// cores (/proc/stat less the calling thread, averaged over about 0.25 s) + the other simulators whose step holds a core (a table in shared memory,
-// /dev/shm/marlaas-sim-cores-v2-UID) whose busy fraction is not above this one's (the kernel runs
-// first the task that has run least): each of them on the step's core with probability 1 / cores,
-// as the kernel's lazily balanced run queues place them. One thread per sim_t.
+// asynchronous launches on a GPU do; host work longer than the step still shows). On a device with
+// shared_cores (this machine's CPU) the step instead runs in slices of at most 1 ms, each at
+// 1 / (1 + others / cores) of full speed, others = the CPU demand of the machine's other tasks in cores
+// (/proc/stat less the calling thread, averaged over about 0.25 s) + the other simulators whose
+// step holds a core (a table in shared memory, /dev/shm/marlaas-sim-cores-v2-UID) whose busy
+// fraction is not above this one's (the kernel runs first the task that has run least): each of
+// them on the step's core with probability 1 / cores, as the kernel's lazily balanced run queues
+// place them. One thread per sim_t.
 void sim_wait(sim_t *s, double d);
 // Counts d modelled seconds towards the next sim_wait, which waits for them with its own (steps
 // run back to back on the device, their host work done between them at once: one wake-up for
