@@ -20,12 +20,14 @@
 // made before the word's (release). The caller returns when `done` reaches n_chunks, and a chunk
 // is counted done only after it was computed, so ctx outlives every chunk.
 //
-// Waiting: a worker spins on the generation for SPIN_NS, then sleeps on it (futex); the caller
-// wakes sleepers only when there are some. The caller, once no chunk is left to claim, spins on
-// `done` for SPIN_NS, then sleeps on it; the worker that completes the last chunk wakes it.
+// Waiting: a worker spins on the generation for SPIN_NS (not at all while its core is shared:
+// contended()), then sleeps on it (futex); the caller wakes sleepers only when there are some.
+// The caller, once no chunk is left to claim, spins on `done` the same way, then sleeps on it;
+// the worker that completes the last chunk wakes it.
 #include "kernels/cpu/pool.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -43,6 +45,13 @@
 // How long an idle thread spins before it sleeps: longer than the gap between two loops of one
 // engine step (microseconds), far shorter than a scheduler time slice (milliseconds).
 #define SPIN_NS 50000
+// ... unless its core is shared: a thread that spent more than 1/8 of the time since its last
+// look runnable but waiting for a core (another task had it: /proc/thread-self/schedstat) spins
+// no more for CONTENDED_HOLD_NS and sleeps at once, so the time it would spin goes to the task it
+// shares the core with, and the scheduler, crediting the time it slept, gives it the core back
+// sooner when it is woken. A thread looks at most every CHECK_NS (an open, read and close).
+#define CONTENDED_HOLD_NS 50000000ull
+#define CHECK_NS 5000000ull
 
 static struct {
     pthread_mutex_t lock;   // one loop at a time (trylock: a second caller runs alone)
@@ -83,6 +92,40 @@ static inline uint64_t now_ns(void) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
+
+// The calling thread's time spent runnable but waiting for a core (/proc/thread-self/schedstat,
+// second field, ns); false when the kernel does not say.
+static bool rq_wait_ns(uint64_t *w) {
+    int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    char buf[96];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return false;
+    buf[n] = 0;
+    unsigned long long run, wait;
+    if (sscanf(buf, "%llu %llu", &run, &wait) != 2) return false;
+    *w = wait;
+    return true;
+}
+
+// Whether the calling thread's core is shared (see CONTENDED_HOLD_NS), looking again when its
+// last look is CHECK_NS old; never when the kernel does not say.
+static bool contended(uint64_t now) {
+    static _Thread_local uint64_t looked, quiet_until, waited;
+    if (now - looked >= CHECK_NS) {
+        uint64_t w;
+        if (rq_wait_ns(&w)) {
+            if (looked && w - waited > (now - looked) / 8) quiet_until = now + CONTENDED_HOLD_NS;
+            waited = w;
+        }
+        looked = now;
+    }
+    return now < quiet_until;
+}
+
+// How long the calling thread may spin before it sleeps.
+static inline uint64_t spin_budget(uint64_t now) { return contended(now) ? 0 : SPIN_NS; }
 
 static int env_threads(void) {
     const char *s = getenv("MARLAAS_THREADS");
@@ -144,11 +187,11 @@ static void *worker(void *arg) {
     for (;;) {
         uint32_t g = atomic_load_explicit(&P.gen, memory_order_acquire);
         if (g == seen) {
-            uint64_t t0 = now_ns();
+            uint64_t t0 = now_ns(), budget = spin_budget(t0);
             unsigned spins = 0;
-            while ((g = atomic_load_explicit(&P.gen, memory_order_acquire)) == seen) {
+            while (budget && (g = atomic_load_explicit(&P.gen, memory_order_acquire)) == seen) {
                 cpu_relax();
-                if ((++spins & 255) == 0 && now_ns() - t0 > SPIN_NS) break;
+                if ((++spins & 255) == 0 && now_ns() - t0 > budget) break;
             }
             if (g == seen) {
                 // seq_cst with the caller's gen store then sleepers load (see kpool_for); the kernel
@@ -227,17 +270,17 @@ void kpool_for(size_t n, size_t grain, void (*fn)(void *ctx, size_t lo, size_t h
     if (atomic_load(&P.sleepers)) futex(&P.gen, FUTEX_WAKE, INT_MAX);
     atomic_fetch_add_explicit(&P.by_caller, work(0), memory_order_relaxed);
     // every chunk is claimed: wait for those still being computed
-    uint64_t t0 = now_ns();
+    uint64_t t0 = now_ns(), budget = spin_budget(t0);
     unsigned spins = 0;
     uint32_t d;
     while ((d = atomic_load_explicit(&P.done, memory_order_acquire)) != n_chunks) {
         cpu_relax();
-        if ((++spins & 255) || now_ns() - t0 < SPIN_NS) continue;
+        if (budget && ((++spins & 255) || now_ns() - t0 < budget)) continue;
         atomic_store(&P.caller_sleeps, 1);
         d = atomic_load(&P.done);
         if (d != n_chunks) futex(&P.done, FUTEX_WAIT, d);
         atomic_store(&P.caller_sleeps, 0);
-        t0 = now_ns();
+        t0 = now_ns(), budget = spin_budget(t0);
     }
     pthread_mutex_unlock(&P.lock);
 }
@@ -268,3 +311,5 @@ void kpool_stats(unsigned long long *by_caller, unsigned long long *by_workers) 
     if (by_caller) *by_caller = atomic_load(&P.by_caller);
     if (by_workers) *by_workers = atomic_load(&P.by_workers);
 }
+
+bool kpool_contended(void) { return contended(now_ns()); }

@@ -13,7 +13,8 @@
 // loop is over when every chunk is done, not when every thread has shown up. A worker that wakes too late finds nothing
 // left and goes back to sleep; the caller waits only for chunks already being computed. Idle
 // workers spin for a few tens of microseconds (back-to-back loops of one engine step find them
-// awake) and then sleep in the kernel (futex), so an idle pool uses no CPU.
+// awake) and then sleep in the kernel (futex), so an idle pool uses no CPU; a thread whose core
+// is shared (it waited for the core: kpool_contended) sleeps at once instead of spinning.
 //
 // kpool_for may be called from any thread. One loop runs on the pool at a time: a call made
 // while another thread's loop holds it, or from inside a chunk (nested), runs on its caller
@@ -21,6 +22,7 @@
 #ifndef MARLAAS_KERNELS_CPU_POOL_H
 #define MARLAAS_KERNELS_CPU_POOL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 // Computes fn(ctx, lo, hi) over [0, n) in chunks [lo, hi) of `grain` items (the last may be
@@ -36,6 +38,11 @@ size_t kpool_grain(size_t n, int per_thread, size_t min_grain);
 // util_threads), read when the pool first runs; kpool_set_threads changes it (1..256).
 int kpool_threads(void);
 void kpool_set_threads(int n);
+
+// Whether the calling thread found its core shared lately: more than 1/8 of its time runnable but
+// waiting for the core (/proc/thread-self/schedstat) at one of its looks (every 5 ms at most) in
+// the last 50 ms. While it is, the thread sleeps instead of spinning when it waits for a loop.
+bool kpool_contended(void);
 
 // Chunks run by the caller and by the workers since the process started (tests, benchmarks).
 void kpool_stats(unsigned long long *by_caller, unsigned long long *by_workers);

@@ -1,9 +1,11 @@
 // test_pool.c - the CPU backend's thread pool (kernels/cpu/pool.h): every item computed exactly
 // once for any n and grain, on any thread count; nested loops and loops from several threads at
-// once complete; the workers take part; an idle pool sleeps instead of spinning.
+// once complete; the workers take part; an idle pool sleeps instead of spinning; a thread that
+// shares its core finds it contended.
 #include <criterion/criterion.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -160,4 +162,48 @@ Test(pool, two_threads_take_the_chunks_from_both_ends) {
         if (by_worker) with_worker++;
     }
     cr_assert_gt(with_worker, 0, "the worker took no chunk in 50 loops");
+}
+
+static _Atomic int hog_stop;
+
+static void *hog(void *arg) {
+    cpu_set_t *one = arg;
+    pthread_setaffinity_np(pthread_self(), sizeof *one, one);
+    volatile unsigned long x = 0;
+    while (!atomic_load_explicit(&hog_stop, memory_order_relaxed)) x++;
+    return NULL;
+}
+
+static double wall_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+// A thread that shares its core with a busy thread finds it shared (and then sleeps instead of
+// spinning when it waits for a loop, pool.c): both pinned to one core, it computes for up to
+// 0.5 s and asks every millisecond.
+Test(pool, a_thread_sharing_its_core_with_a_busy_one_finds_it_contended) {
+    if (access("/proc/thread-self/schedstat", R_OK) != 0) cr_skip_test("the kernel gives no schedstat");
+    cpu_set_t all, one;
+    cr_assert_eq(sched_getaffinity(0, sizeof all, &all), 0);
+    int c = 0;
+    while (c < CPU_SETSIZE && !CPU_ISSET(c, &all)) c++;
+    CPU_ZERO(&one);
+    CPU_SET(c, &one);
+    cr_assert_eq(pthread_setaffinity_np(pthread_self(), sizeof one, &one), 0);
+    atomic_store(&hog_stop, 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, hog, &one), 0);
+    double t0 = wall_now(), found = -1;
+    volatile double x = 0;
+    while (found < 0 && wall_now() - t0 < 0.5) {
+        double t1 = wall_now();
+        while (wall_now() - t1 < 0.001) x += 1e-9;
+        if (kpool_contended()) found = wall_now() - t0;
+    }
+    atomic_store(&hog_stop, 1);
+    pthread_join(th, NULL);
+    pthread_setaffinity_np(pthread_self(), sizeof all, &all);
+    cr_assert_geq(found, 0, "computing for 0.5 s beside a busy thread on its core, the thread never found it shared");
 }
